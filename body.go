@@ -1,0 +1,100 @@
+package idempotency
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// errBodyTooLarge: the request body is larger than max_body_size.
+var errBodyTooLarge = errors.New("request body too large")
+
+// maxPooledBody is the largest body buffer put back in the pool; rarer
+// big ones are left to the garbage collector so the pool stays small.
+const maxPooledBody = 64 << 10
+
+var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// readBody reads the whole request body, up to limit bytes, before the key
+// is reserved: a slow client then cannot hold a lease while it trickles its
+// body in. The body is replaced by the buffered copy for the next handler.
+func readBody(r *http.Request, limit int64) (*bufferedBody, error) {
+	if r.ContentLength > limit {
+		return nil, errBodyTooLarge
+	}
+	buf := bodyPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	body := &bufferedBody{buf: buf}
+	if r.Body != nil && r.Body != http.NoBody {
+		if r.ContentLength > 0 {
+			buf.Grow(int(r.ContentLength))
+		}
+		n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+		if err == nil && n > limit {
+			err = errBodyTooLarge
+		}
+		if err != nil {
+			body.Close()
+			return nil, bodyReadError(err)
+		}
+	}
+	r.Body = body
+	r.ContentLength = int64(buf.Len())
+	r.TransferEncoding = nil
+	// The body is here already; the next hop must not wait for a 100.
+	r.Header.Del("Expect")
+	return body, nil
+}
+
+// bodyReadError classifies a failure to read the request body.
+func bodyReadError(err error) error {
+	var maxErr *http.MaxBytesError
+	var handlerErr caddyhttp.HandlerError
+	switch {
+	case errors.Is(err, errBodyTooLarge), errors.As(err, &maxErr):
+		return errBodyTooLarge
+	case errors.As(err, &handlerErr) && handlerErr.StatusCode == http.StatusRequestEntityTooLarge:
+		return errBodyTooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return caddyhttp.Error(http.StatusRequestTimeout, err)
+	}
+	return caddyhttp.Error(http.StatusBadRequest, err)
+}
+
+// bufferedBody is the request body read into a pooled buffer. Close gives
+// the buffer back; a transport may close the body from another goroutine
+// while still reading it, hence the lock.
+type bufferedBody struct {
+	mu  sync.Mutex
+	buf *bytes.Buffer
+}
+
+// Bytes returns the unread body. Only valid before it is handed on.
+func (b *bufferedBody) Bytes() []byte { return b.buf.Bytes() }
+
+func (b *bufferedBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf == nil {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	return b.buf.Read(p)
+}
+
+// Close is idempotent.
+func (b *bufferedBody) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf != nil {
+		if b.buf.Cap() <= maxPooledBody {
+			bodyPool.Put(b.buf)
+		}
+		b.buf = nil
+	}
+	return nil
+}

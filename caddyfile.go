@@ -1,0 +1,273 @@
+package idempotency
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("idempotency", parseCaddyfile)
+	// After encode: stored bodies are never compressed, and encode
+	// compresses each replay for the client that asked.
+	httpcaddyfile.RegisterDirectiveOrder("idempotency", httpcaddyfile.After, "encode")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile parses the idempotency directive:
+//
+//	idempotency [<matcher>] {
+//	    storage <backend> [{ ... }]
+//	    ttl <duration>
+//	    lock_timeout <duration>
+//	    methods <method...>
+//	    header <name>
+//	    required
+//	    scope <template...>
+//	    max_key_length <n>
+//	    max_body_size <size>
+//	    max_response_size <size>
+//	    fingerprint {
+//	        headers <name...>
+//	        canonical_json true|false
+//	    }
+//	    release_on <status|class...>
+//	    in_flight reject|wait [<timeout>]
+//	    on_storage_error fail_closed|fail_open
+//	    replay_header <name>|off
+//	    docs_url <url>
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume the directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := make(map[string]bool)
+	for d.NextBlock(0) {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("%s already specified", opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "storage":
+			err = h.parseStorage(d)
+		case "ttl":
+			err = durationArg(d, &h.TTL)
+		case "lock_timeout":
+			err = durationArg(d, &h.LockTimeout)
+		case "methods":
+			h.Methods = d.RemainingArgs()
+			if len(h.Methods) == 0 {
+				return d.ArgErr()
+			}
+			for i, m := range h.Methods {
+				h.Methods[i] = strings.ToUpper(m)
+			}
+		case "header":
+			err = stringArg(d, &h.Header)
+		case "required":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.Required = true
+		case "scope":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			h.Scope = strings.Join(args, " ")
+		case "max_key_length":
+			h.MaxKeyLength, err = intArg(d)
+		case "max_body_size":
+			h.MaxBodySize, err = sizeArg(d)
+		case "max_response_size":
+			h.MaxResponseSize, err = sizeArg(d)
+		case "fingerprint":
+			err = h.parseFingerprint(d)
+		case "release_on":
+			h.ReleaseOn = d.RemainingArgs()
+			if len(h.ReleaseOn) == 0 {
+				return d.ArgErr()
+			}
+			if _, err := parseStatusSet(h.ReleaseOn); err != nil {
+				return d.Errf("release_on: %v", err)
+			}
+		case "in_flight":
+			err = h.parseInFlight(d)
+		case "on_storage_error":
+			err = oneOfArg(d, &h.OnStorageError, failClosed, failOpen)
+		case "replay_header":
+			err = stringArg(d, &h.ReplayHeader)
+		case "docs_url":
+			err = stringArg(d, &h.DocsURL)
+		default:
+			return d.Errf("unrecognized idempotency option '%s'", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *Handler) parseStorage(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	name := d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, "http.idempotency.storage."+name)
+	if err != nil {
+		return err
+	}
+	h.StorageRaw = caddyconfig.JSONModuleObject(unm, "backend", name, nil)
+	return nil
+}
+
+func (h *Handler) parseFingerprint(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	h.Fingerprint = new(FingerprintConfig)
+	seen := make(map[string]bool)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("fingerprint %s already specified", opt)
+		}
+		seen[opt] = true
+		switch opt {
+		case "headers":
+			h.Fingerprint.Headers = d.RemainingArgs()
+			if len(h.Fingerprint.Headers) == 0 {
+				return d.ArgErr()
+			}
+		case "canonical_json":
+			var v string
+			if err := oneOfArg(d, &v, "true", "false"); err != nil {
+				return err
+			}
+			b := v == "true"
+			h.Fingerprint.CanonicalJSON = &b
+		default:
+			return d.Errf("unrecognized fingerprint option '%s'", opt)
+		}
+	}
+	return nil
+}
+
+func (h *Handler) parseInFlight(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	switch h.InFlight = d.Val(); h.InFlight {
+	case inFlightReject:
+	case inFlightWait:
+		if d.NextArg() {
+			// Parsed here rather than with durationArg, which would name
+			// the option after the current token ("wait").
+			s := d.Val()
+			dur, err := caddy.ParseDuration(s)
+			if err != nil {
+				return d.Errf("in_flight wait: invalid duration '%s': %v", s, err)
+			}
+			if dur <= 0 {
+				return d.Errf("in_flight wait timeout must be positive, got '%s'", s)
+			}
+			h.WaitTimeout = caddy.Duration(dur)
+		}
+	default:
+		return d.Errf("in_flight must be %s or %s, got '%s'", inFlightReject, inFlightWait, h.InFlight)
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// stringArg reads exactly one argument.
+func stringArg(d *caddyfile.Dispenser, dst *string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// oneOfArg reads exactly one argument, which must be one of allowed.
+func oneOfArg(d *caddyfile.Dispenser, dst *string, allowed ...string) error {
+	opt := d.Val()
+	if err := stringArg(d, dst); err != nil {
+		return err
+	}
+	for _, a := range allowed {
+		if *dst == a {
+			return nil
+		}
+	}
+	return d.Errf("%s must be one of %s, got '%s'", opt, strings.Join(allowed, ", "), *dst)
+}
+
+// durationArg reads one positive Caddy duration ("30s", "1d").
+func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	opt := d.Val()
+	var s string
+	if err := stringArg(d, &s); err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return d.Errf("%s: invalid duration '%s': %v", opt, s, err)
+	}
+	if dur <= 0 {
+		return d.Errf("%s must be positive, got '%s'", opt, s)
+	}
+	*dst = caddy.Duration(dur)
+	return nil
+}
+
+// intArg reads one positive integer.
+func intArg(d *caddyfile.Dispenser) (int, error) {
+	opt := d.Val()
+	var s string
+	if err := stringArg(d, &s); err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, d.Errf("%s must be a positive integer, got '%s'", opt, s)
+	}
+	return n, nil
+}
+
+// sizeArg reads one positive size ("1MiB", "512KB", "1048576").
+func sizeArg(d *caddyfile.Dispenser) (int64, error) {
+	opt := d.Val()
+	var s string
+	if err := stringArg(d, &s); err != nil {
+		return 0, err
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil || n == 0 || n > 1<<40 {
+		return 0, d.Errf("%s must be a positive size such as 1MiB, got '%s'", opt, s)
+	}
+	return int64(n), nil
+}
+
+// Interface guards
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,520 @@
+package idempotency
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// cfBool returns a pointer to b, for FingerprintConfig.CanonicalJSON.
+func cfBool(b bool) *bool { return &b }
+
+// cfDur is a caddy.Duration literal.
+func cfDur(d time.Duration) caddy.Duration { return caddy.Duration(d) }
+
+// cfBlock wraps body lines in an idempotency block whose first option line
+// is line 3 of "Testfile" (line 2 holds a harmless option), so that errors
+// have a line number worth checking.
+func cfBlock(body ...string) string {
+	return "idempotency {\n\theader Idempotency-Key\n\t" + strings.Join(body, "\n\t") + "\n}\n"
+}
+
+// cfParse parses input (starting with the directive name, as the directive
+// helper hands it over) into a fresh Handler.
+func cfParse(input string) (*Handler, error) {
+	h := new(Handler)
+	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
+	return h, err
+}
+
+// cfJSON renders h for failure messages (pointers would print as
+// addresses).
+func cfJSON(h *Handler) string {
+	b, err := json.Marshal(h)
+	if err != nil {
+		return fmt.Sprintf("%+v (%v)", *h, err)
+	}
+	return string(b)
+}
+
+func TestCaddyfileOptions(t *testing.T) {
+	tests := []struct {
+		name  string
+		input string
+		want  Handler
+	}{
+		{
+			name:  "bare directive",
+			input: "idempotency",
+			want:  Handler{},
+		},
+		{
+			name:  "empty block",
+			input: "idempotency {\n}",
+			want:  Handler{},
+		},
+		{
+			name:  "storage memory without block",
+			input: "idempotency {\n\tstorage memory\n}",
+			want:  Handler{StorageRaw: json.RawMessage(`{"backend":"memory"}`)},
+		},
+		{
+			name:  "storage memory with empty block",
+			input: "idempotency {\n\tstorage memory {\n\t}\n}",
+			want:  Handler{StorageRaw: json.RawMessage(`{"backend":"memory"}`)},
+		},
+		{
+			name:  "storage memory max_keys",
+			input: "idempotency {\n\tstorage memory {\n\t\tmax_keys 1000\n\t}\n}",
+			want:  Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":1000}`)},
+		},
+		{
+			name:  "storage then more options",
+			input: "idempotency {\n\tstorage memory {\n\t\tmax_keys 5\n\t}\n\tttl 1h\n}",
+			want: Handler{
+				StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":5}`),
+				TTL:        cfDur(time.Hour),
+			},
+		},
+		{
+			name:  "ttl",
+			input: cfBlock("ttl 48h"),
+			want:  Handler{Header: "Idempotency-Key", TTL: cfDur(48 * time.Hour)},
+		},
+		{
+			name:  "ttl in days",
+			input: cfBlock("ttl 1d"),
+			want:  Handler{Header: "Idempotency-Key", TTL: cfDur(24 * time.Hour)},
+		},
+		{
+			name:  "ttl compound",
+			input: cfBlock("ttl 1h30m"),
+			want:  Handler{Header: "Idempotency-Key", TTL: cfDur(90 * time.Minute)},
+		},
+		{
+			name:  "lock_timeout",
+			input: cfBlock("lock_timeout 45s"),
+			want:  Handler{Header: "Idempotency-Key", LockTimeout: cfDur(45 * time.Second)},
+		},
+		{
+			name:  "lock_timeout in days",
+			input: cfBlock("lock_timeout 2d"),
+			want:  Handler{Header: "Idempotency-Key", LockTimeout: cfDur(48 * time.Hour)},
+		},
+		{
+			name:  "methods are upper-cased",
+			input: cfBlock("methods post Put PATCH"),
+			want:  Handler{Header: "Idempotency-Key", Methods: []string{"POST", "PUT", "PATCH"}},
+		},
+		{
+			name:  "header",
+			input: "idempotency {\n\theader X-Request-Key\n}",
+			want:  Handler{Header: "X-Request-Key"},
+		},
+		{
+			name:  "required",
+			input: cfBlock("required"),
+			want:  Handler{Header: "Idempotency-Key", Required: true},
+		},
+		{
+			name:  "scope single placeholder",
+			input: cfBlock("scope {http.request.header.X-Tenant}"),
+			want:  Handler{Header: "Idempotency-Key", Scope: "{http.request.header.X-Tenant}"},
+		},
+		{
+			name:  "scope arguments joined with a space",
+			input: cfBlock("scope {http.request.host}   {http.request.header.X-Tenant} v2"),
+			want:  Handler{Header: "Idempotency-Key", Scope: "{http.request.host} {http.request.header.X-Tenant} v2"},
+		},
+		{
+			name:  "scope quoted template",
+			input: cfBlock(`scope "{http.request.header.Authorization}  {http.request.header.X-Tenant}"`),
+			want:  Handler{Header: "Idempotency-Key", Scope: "{http.request.header.Authorization}  {http.request.header.X-Tenant}"},
+		},
+		{
+			name:  "max_key_length",
+			input: cfBlock("max_key_length 64"),
+			want:  Handler{Header: "Idempotency-Key", MaxKeyLength: 64},
+		},
+		{
+			name:  "max_body_size MiB",
+			input: cfBlock("max_body_size 1MiB"),
+			want:  Handler{Header: "Idempotency-Key", MaxBodySize: 1 << 20},
+		},
+		{
+			name:  "max_body_size KB",
+			input: cfBlock("max_body_size 512KB"),
+			want:  Handler{Header: "Idempotency-Key", MaxBodySize: 512_000},
+		},
+		{
+			name:  "max_body_size bytes",
+			input: cfBlock("max_body_size 2048"),
+			want:  Handler{Header: "Idempotency-Key", MaxBodySize: 2048},
+		},
+		{
+			name:  "max_response_size MiB",
+			input: cfBlock("max_response_size 4MiB"),
+			want:  Handler{Header: "Idempotency-Key", MaxResponseSize: 4 << 20},
+		},
+		{
+			name:  "max_response_size KB",
+			input: cfBlock("max_response_size 512KB"),
+			want:  Handler{Header: "Idempotency-Key", MaxResponseSize: 512_000},
+		},
+		{
+			name:  "max_response_size bytes",
+			input: cfBlock("max_response_size 2048"),
+			want:  Handler{Header: "Idempotency-Key", MaxResponseSize: 2048},
+		},
+		{
+			name:  "fingerprint headers and canonical_json false",
+			input: cfBlock("fingerprint {", "\theaders Content-Type X-Tenant", "\tcanonical_json false", "}"),
+			want: Handler{Header: "Idempotency-Key", Fingerprint: &FingerprintConfig{
+				Headers:       []string{"Content-Type", "X-Tenant"},
+				CanonicalJSON: cfBool(false),
+			}},
+		},
+		{
+			name:  "fingerprint canonical_json true",
+			input: cfBlock("fingerprint {", "\tcanonical_json true", "}"),
+			want:  Handler{Header: "Idempotency-Key", Fingerprint: &FingerprintConfig{CanonicalJSON: cfBool(true)}},
+		},
+		{
+			name:  "fingerprint headers only",
+			input: cfBlock("fingerprint {", "\theaders X-Tenant", "}"),
+			want:  Handler{Header: "Idempotency-Key", Fingerprint: &FingerprintConfig{Headers: []string{"X-Tenant"}}},
+		},
+		{
+			name:  "fingerprint then more options",
+			input: cfBlock("fingerprint {", "\theaders X-Tenant", "}", "ttl 2h"),
+			want: Handler{
+				Header:      "Idempotency-Key",
+				Fingerprint: &FingerprintConfig{Headers: []string{"X-Tenant"}},
+				TTL:         cfDur(2 * time.Hour),
+			},
+		},
+		{
+			name:  "release_on codes and classes",
+			input: cfBlock("release_on 5xx 429 409"),
+			want:  Handler{Header: "Idempotency-Key", ReleaseOn: []string{"5xx", "429", "409"}},
+		},
+		{
+			name:  "release_on upper-case class",
+			input: cfBlock("release_on 4XX"),
+			want:  Handler{Header: "Idempotency-Key", ReleaseOn: []string{"4XX"}},
+		},
+		{
+			name:  "in_flight reject",
+			input: cfBlock("in_flight reject"),
+			want:  Handler{Header: "Idempotency-Key", InFlight: "reject"},
+		},
+		{
+			name:  "in_flight wait",
+			input: cfBlock("in_flight wait"),
+			want:  Handler{Header: "Idempotency-Key", InFlight: "wait"},
+		},
+		{
+			name:  "in_flight wait with timeout",
+			input: cfBlock("in_flight wait 5s"),
+			want:  Handler{Header: "Idempotency-Key", InFlight: "wait", WaitTimeout: cfDur(5 * time.Second)},
+		},
+		{
+			name:  "on_storage_error fail_open",
+			input: cfBlock("on_storage_error fail_open"),
+			want:  Handler{Header: "Idempotency-Key", OnStorageError: "fail_open"},
+		},
+		{
+			name:  "on_storage_error fail_closed",
+			input: cfBlock("on_storage_error fail_closed"),
+			want:  Handler{Header: "Idempotency-Key", OnStorageError: "fail_closed"},
+		},
+		{
+			name:  "replay_header name",
+			input: cfBlock("replay_header X-Replayed"),
+			want:  Handler{Header: "Idempotency-Key", ReplayHeader: "X-Replayed"},
+		},
+		{
+			name:  "replay_header off",
+			input: cfBlock("replay_header off"),
+			want:  Handler{Header: "Idempotency-Key", ReplayHeader: "off"},
+		},
+		{
+			name:  "docs_url",
+			input: cfBlock("docs_url https://api.example.com/docs/idempotency"),
+			want:  Handler{Header: "Idempotency-Key", DocsURL: "https://api.example.com/docs/idempotency"},
+		},
+		{
+			name: "every option",
+			input: `idempotency {
+	storage memory {
+		max_keys 1000
+	}
+	ttl 1d
+	lock_timeout 10s
+	methods post put
+	header X-Idem
+	required
+	scope {http.request.host} {http.request.header.X-Tenant}
+	max_key_length 128
+	max_body_size 2MiB
+	max_response_size 512KB
+	fingerprint {
+		headers Content-Type X-Tenant
+		canonical_json false
+	}
+	release_on 5xx 429
+	in_flight wait 3s
+	on_storage_error fail_open
+	replay_header X-Replayed
+	docs_url https://example.com/docs
+}`,
+			want: Handler{
+				StorageRaw:      json.RawMessage(`{"backend":"memory","max_keys":1000}`),
+				TTL:             cfDur(24 * time.Hour),
+				LockTimeout:     cfDur(10 * time.Second),
+				Methods:         []string{"POST", "PUT"},
+				Header:          "X-Idem",
+				Required:        true,
+				Scope:           "{http.request.host} {http.request.header.X-Tenant}",
+				MaxKeyLength:    128,
+				MaxBodySize:     2 << 20,
+				MaxResponseSize: 512_000,
+				Fingerprint: &FingerprintConfig{
+					Headers:       []string{"Content-Type", "X-Tenant"},
+					CanonicalJSON: cfBool(false),
+				},
+				ReleaseOn:      []string{"5xx", "429"},
+				InFlight:       "wait",
+				WaitTimeout:    cfDur(3 * time.Second),
+				OnStorageError: "fail_open",
+				ReplayHeader:   "X-Replayed",
+				DocsURL:        "https://example.com/docs",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := cfParse(tt.input)
+			if err != nil {
+				t.Fatalf("UnmarshalCaddyfile(%q): %v", tt.input, err)
+			}
+			if !reflect.DeepEqual(*got, tt.want) {
+				t.Errorf("UnmarshalCaddyfile(%q)\n got %s\nwant %s", tt.input, cfJSON(got), cfJSON(&tt.want))
+			}
+		})
+	}
+}
+
+// TestCaddyfileStopsAtItsBlock checks that the parser consumes its own
+// block and nothing after it (the next directive is not its business).
+func TestCaddyfileStopsAtItsBlock(t *testing.T) {
+	d := caddyfile.NewTestDispenser("idempotency {\n\tttl 1h\n}\nreverse_proxy localhost:8080\n")
+	h := new(Handler)
+	if err := h.UnmarshalCaddyfile(d); err != nil {
+		t.Fatal(err)
+	}
+	if h.TTL != cfDur(time.Hour) {
+		t.Errorf("TTL = %v, want 1h", time.Duration(h.TTL))
+	}
+	if !d.Next() || d.Val() != "reverse_proxy" {
+		t.Errorf("after the block the dispenser is at %q, want reverse_proxy", d.Val())
+	}
+}
+
+// cfOptionLines is one valid spelling of every option, for the duplicate
+// tests; multi-line options are several entries joined by "\n".
+var cfOptionLines = map[string][]string{
+	"storage":           {"storage memory {", "\tmax_keys 10", "}"},
+	"ttl":               {"ttl 1h"},
+	"lock_timeout":      {"lock_timeout 1s"},
+	"methods":           {"methods POST"},
+	"required":          {"required"},
+	"scope":             {"scope {http.request.host}"},
+	"max_key_length":    {"max_key_length 10"},
+	"max_body_size":     {"max_body_size 1KB"},
+	"max_response_size": {"max_response_size 1KB"},
+	"fingerprint":       {"fingerprint {", "\theaders X-A", "}"},
+	"release_on":        {"release_on 5xx"},
+	"in_flight":         {"in_flight reject"},
+	"on_storage_error":  {"on_storage_error fail_open"},
+	"replay_header":     {"replay_header X-R"},
+	"docs_url":          {"docs_url https://example.com/"},
+}
+
+func TestCaddyfileDuplicateOptions(t *testing.T) {
+	for opt, lines := range cfOptionLines {
+		t.Run(opt, func(t *testing.T) {
+			body := append(append([]string{}, lines...), lines...)
+			// The first spelling starts on line 3; the duplicate right
+			// after it.
+			wantLine := 3 + len(lines)
+			_, err := cfParse(cfBlock(body...))
+			cfCheckErr(t, err, wantLine, opt, "already specified")
+		})
+	}
+	// header is on line 2 of every cfBlock.
+	t.Run("header", func(t *testing.T) {
+		_, err := cfParse(cfBlock("header X-Other"))
+		cfCheckErr(t, err, 3, "header", "already specified")
+	})
+	// in_flight with another mode is still a duplicate.
+	t.Run("in_flight other mode", func(t *testing.T) {
+		_, err := cfParse(cfBlock("in_flight reject", "in_flight wait 1s"))
+		cfCheckErr(t, err, 4, "in_flight", "already specified")
+	})
+	// A duplicate after other options is still found.
+	t.Run("ttl far apart", func(t *testing.T) {
+		_, err := cfParse(cfBlock("ttl 1h", "required", "methods POST", "ttl 2h"))
+		cfCheckErr(t, err, 6, "ttl", "already specified")
+	})
+}
+
+// cfLineRe matches "Testfile:<n>" not followed by another digit.
+func cfLineRe(line int) *regexp.Regexp {
+	return regexp.MustCompile(fmt.Sprintf(`\bTestfile:%d\b`, line))
+}
+
+// cfCheckErr asserts err is a parse error at Testfile:line whose message
+// mentions every one of want.
+func cfCheckErr(t *testing.T, err error, line int, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want one at Testfile:%d mentioning %q", line, want)
+	}
+	msg := err.Error()
+	if !cfLineRe(line).MatchString(msg) {
+		t.Errorf("error %q does not point at Testfile:%d", msg, line)
+	}
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error %q does not mention %q", msg, w)
+		}
+	}
+}
+
+func TestCaddyfileErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		input string // a full Caddyfile; else body is wrapped by cfBlock
+		body  []string
+		line  int
+		want  []string
+	}{
+		// Unknown options.
+		{name: "unknown option", body: []string{"colour red"}, line: 3, want: []string{"unrecognized", "'colour'"}},
+		{name: "unknown option without args", body: []string{"ttl 1h", "strict"}, line: 4, want: []string{"unrecognized", "'strict'"}},
+		{name: "option name is case sensitive", body: []string{"TTL 1h"}, line: 3, want: []string{"unrecognized", "'TTL'"}},
+		{name: "unknown fingerprint option", body: []string{"fingerprint {", "\tcookies session", "}"}, line: 4, want: []string{"unrecognized fingerprint option", "'cookies'"}},
+		{name: "unknown memory storage option", body: []string{"storage memory {", "\tshards 4", "}"}, line: 4, want: []string{"unrecognized memory storage option", "'shards'"}},
+
+		// Duplicates inside nested blocks (top-level ones: TestCaddyfileDuplicateOptions).
+		{name: "duplicate fingerprint headers", body: []string{"fingerprint {", "\theaders X-A", "\theaders X-B", "}"}, line: 5, want: []string{"headers", "already specified"}},
+		{name: "duplicate fingerprint canonical_json", body: []string{"fingerprint {", "\tcanonical_json true", "\tcanonical_json false", "}"}, line: 5, want: []string{"canonical_json", "already specified"}},
+		{name: "duplicate memory max_keys", body: []string{"storage memory {", "\tmax_keys 10", "\tmax_keys 20", "}"}, line: 5, want: []string{"max_keys", "already specified"}},
+
+		// Missing arguments.
+		{name: "storage without backend", body: []string{"storage"}, line: 3, want: []string{"wrong argument count", "'storage'"}},
+		{name: "ttl without value", body: []string{"ttl"}, line: 3, want: []string{"wrong argument count", "'ttl'"}},
+		{name: "lock_timeout without value", body: []string{"lock_timeout"}, line: 3, want: []string{"wrong argument count", "'lock_timeout'"}},
+		{name: "methods without value", body: []string{"methods"}, line: 3, want: []string{"wrong argument count", "'methods'"}},
+		{name: "header without value", input: "idempotency {\n\tttl 1h\n\theader\n}", line: 3, want: []string{"wrong argument count", "'header'"}},
+		{name: "scope without value", body: []string{"scope"}, line: 3, want: []string{"wrong argument count", "'scope'"}},
+		{name: "max_key_length without value", body: []string{"max_key_length"}, line: 3, want: []string{"wrong argument count", "'max_key_length'"}},
+		{name: "max_body_size without value", body: []string{"max_body_size"}, line: 3, want: []string{"wrong argument count", "'max_body_size'"}},
+		{name: "max_response_size without value", body: []string{"max_response_size"}, line: 3, want: []string{"wrong argument count", "'max_response_size'"}},
+		{name: "release_on without value", body: []string{"release_on"}, line: 3, want: []string{"wrong argument count", "'release_on'"}},
+		{name: "in_flight without value", body: []string{"in_flight"}, line: 3, want: []string{"wrong argument count", "'in_flight'"}},
+		{name: "on_storage_error without value", body: []string{"on_storage_error"}, line: 3, want: []string{"wrong argument count", "'on_storage_error'"}},
+		{name: "replay_header without value", body: []string{"replay_header"}, line: 3, want: []string{"wrong argument count", "'replay_header'"}},
+		{name: "docs_url without value", body: []string{"docs_url"}, line: 3, want: []string{"wrong argument count", "'docs_url'"}},
+		{name: "fingerprint headers without value", body: []string{"fingerprint {", "\theaders", "}"}, line: 4, want: []string{"wrong argument count", "'headers'"}},
+		{name: "fingerprint canonical_json without value", body: []string{"fingerprint {", "\tcanonical_json", "}"}, line: 4, want: []string{"wrong argument count", "'canonical_json'"}},
+		{name: "memory max_keys without value", body: []string{"storage memory {", "\tmax_keys", "}"}, line: 4, want: []string{"wrong argument count", "'max_keys'"}},
+
+		// Extra arguments.
+		{name: "argument on the directive line", input: "idempotency extra {\n\tttl 1h\n}", line: 1, want: []string{"wrong argument count", "'extra'"}},
+		{name: "argument on the bare directive line", input: "idempotency extra", line: 1, want: []string{"wrong argument count", "'extra'"}},
+		{name: "ttl with two values", body: []string{"ttl 1s 2s"}, line: 3, want: []string{"wrong argument count", "'2s'"}},
+		{name: "lock_timeout with two values", body: []string{"lock_timeout 1s 2s"}, line: 3, want: []string{"wrong argument count", "'2s'"}},
+		{name: "required with a value", body: []string{"required yes"}, line: 3, want: []string{"wrong argument count", "'yes'"}},
+		{name: "header with two values", input: "idempotency {\n\tttl 1h\n\theader X-A X-B\n}", line: 3, want: []string{"wrong argument count", "'X-B'"}},
+		{name: "max_key_length with two values", body: []string{"max_key_length 1 2"}, line: 3, want: []string{"wrong argument count", "'2'"}},
+		{name: "max_body_size with two values", body: []string{"max_body_size 1 MiB"}, line: 3, want: []string{"wrong argument count", "'MiB'"}},
+		{name: "max_response_size with two values", body: []string{"max_response_size 1KB 2KB"}, line: 3, want: []string{"wrong argument count", "'2KB'"}},
+		{name: "in_flight reject with a timeout", body: []string{"in_flight reject 5s"}, line: 3, want: []string{"wrong argument count", "'5s'"}},
+		{name: "in_flight wait with two timeouts", body: []string{"in_flight wait 5s 6s"}, line: 3, want: []string{"wrong argument count", "'6s'"}},
+		{name: "on_storage_error with two values", body: []string{"on_storage_error fail_open fail_closed"}, line: 3, want: []string{"wrong argument count", "'fail_closed'"}},
+		{name: "replay_header with two values", body: []string{"replay_header X-A X-B"}, line: 3, want: []string{"wrong argument count", "'X-B'"}},
+		{name: "docs_url with two values", body: []string{"docs_url https://a.example/ https://b.example/"}, line: 3, want: []string{"wrong argument count", "'https://b.example/'"}},
+		{name: "fingerprint with an argument", body: []string{"fingerprint extra {", "\theaders X-A", "}"}, line: 3, want: []string{"wrong argument count", "'extra'"}},
+		{name: "fingerprint canonical_json with two values", body: []string{"fingerprint {", "\tcanonical_json true false", "}"}, line: 4, want: []string{"wrong argument count", "'false'"}},
+		{name: "storage memory with an argument", body: []string{"storage memory extra"}, line: 3, want: []string{"wrong argument count", "'extra'"}},
+		{name: "memory max_keys with two values", body: []string{"storage memory {", "\tmax_keys 1 2", "}"}, line: 4, want: []string{"wrong argument count", "'2'"}},
+
+		// Durations.
+		{name: "invalid ttl", body: []string{"ttl soon"}, line: 3, want: []string{"ttl", "invalid duration", "'soon'"}},
+		{name: "ttl without unit", body: []string{"ttl 5"}, line: 3, want: []string{"ttl", "invalid duration", "'5'"}},
+		{name: "invalid lock_timeout", body: []string{"lock_timeout 1x"}, line: 3, want: []string{"lock_timeout", "invalid duration", "'1x'"}},
+		{name: "invalid in_flight wait timeout", body: []string{"in_flight wait forever"}, line: 3, want: []string{"in_flight wait", "invalid duration", "'forever'"}},
+		{name: "zero ttl", body: []string{"ttl 0s"}, line: 3, want: []string{"ttl", "must be positive", "'0s'"}},
+		{name: "negative ttl", body: []string{"ttl -1h"}, line: 3, want: []string{"ttl", "must be positive", "'-1h'"}},
+		{name: "zero lock_timeout", body: []string{"lock_timeout 0"}, line: 3, want: []string{"lock_timeout", "must be positive", "'0'"}},
+		{name: "negative lock_timeout", body: []string{"lock_timeout -5s"}, line: 3, want: []string{"lock_timeout", "must be positive", "'-5s'"}},
+		{name: "zero in_flight wait timeout", body: []string{"in_flight wait 0s"}, line: 3, want: []string{"in_flight wait", "must be positive", "'0s'"}},
+		{name: "negative in_flight wait timeout", body: []string{"in_flight wait -1s"}, line: 3, want: []string{"in_flight wait", "must be positive", "'-1s'"}},
+
+		// Integers.
+		{name: "max_key_length not a number", body: []string{"max_key_length abc"}, line: 3, want: []string{"max_key_length", "positive integer", "'abc'"}},
+		{name: "max_key_length fraction", body: []string{"max_key_length 1.5"}, line: 3, want: []string{"max_key_length", "positive integer", "'1.5'"}},
+		{name: "max_key_length zero", body: []string{"max_key_length 0"}, line: 3, want: []string{"max_key_length", "positive integer", "'0'"}},
+		{name: "max_key_length negative", body: []string{"max_key_length -5"}, line: 3, want: []string{"max_key_length", "positive integer", "'-5'"}},
+		{name: "memory max_keys not a number", body: []string{"storage memory {", "\tmax_keys many", "}"}, line: 4, want: []string{"max_keys", "positive integer", "'many'"}},
+		{name: "memory max_keys zero", body: []string{"storage memory {", "\tmax_keys 0", "}"}, line: 4, want: []string{"max_keys", "positive integer", "'0'"}},
+		{name: "memory max_keys negative", body: []string{"storage memory {", "\tmax_keys -1", "}"}, line: 4, want: []string{"max_keys", "positive integer", "'-1'"}},
+
+		// Sizes.
+		{name: "max_body_size not a size", body: []string{"max_body_size lots"}, line: 3, want: []string{"max_body_size", "size", "'lots'"}},
+		{name: "max_body_size unknown unit", body: []string{"max_body_size 1MX"}, line: 3, want: []string{"max_body_size", "size", "'1MX'"}},
+		{name: "max_body_size zero", body: []string{"max_body_size 0"}, line: 3, want: []string{"max_body_size", "positive size", "'0'"}},
+		{name: "max_body_size negative", body: []string{"max_body_size -1"}, line: 3, want: []string{"max_body_size", "size", "'-1'"}},
+		{name: "max_response_size not a size", body: []string{"max_response_size big"}, line: 3, want: []string{"max_response_size", "size", "'big'"}},
+		{name: "max_response_size zero", body: []string{"max_response_size 0KB"}, line: 3, want: []string{"max_response_size", "positive size", "'0KB'"}},
+		{name: "max_response_size absurd", body: []string{"max_response_size 2TiB"}, line: 3, want: []string{"max_response_size", "size", "'2TiB'"}},
+
+		// release_on.
+		{name: "release_on 6xx", body: []string{"release_on 6xx"}, line: 3, want: []string{"release_on", `"6xx"`}},
+		{name: "release_on 99", body: []string{"release_on 99"}, line: 3, want: []string{"release_on", `"99"`}},
+		{name: "release_on abc", body: []string{"release_on abc"}, line: 3, want: []string{"release_on", `"abc"`}},
+		{name: "release_on 1xx", body: []string{"release_on 1xx"}, line: 3, want: []string{"release_on", `"1xx"`}},
+		{name: "release_on informational code", body: []string{"release_on 103"}, line: 3, want: []string{"release_on", `"103"`}},
+		{name: "release_on 600", body: []string{"release_on 600"}, line: 3, want: []string{"release_on", `"600"`}},
+		{name: "release_on bad after good", body: []string{"release_on 5xx 429 4x"}, line: 3, want: []string{"release_on", `"4x"`}},
+
+		// Enumerations.
+		{name: "bad in_flight mode", body: []string{"in_flight sometimes"}, line: 3, want: []string{"in_flight", "reject", "wait", "'sometimes'"}},
+		{name: "in_flight mode is case sensitive", body: []string{"in_flight Wait"}, line: 3, want: []string{"in_flight", "'Wait'"}},
+		{name: "bad on_storage_error", body: []string{"on_storage_error maybe"}, line: 3, want: []string{"on_storage_error", "fail_closed", "fail_open", "'maybe'"}},
+		{name: "bad canonical_json", body: []string{"fingerprint {", "\tcanonical_json yes", "}"}, line: 4, want: []string{"canonical_json", "true", "false", "'yes'"}},
+
+		// Storage backends.
+		{name: "unknown storage backend", body: []string{"storage nosuch"}, line: 3, want: []string{"nosuch", "http.idempotency.storage.nosuch"}},
+		{name: "unknown storage backend with block", body: []string{"storage nosuch {", "\tfoo bar", "}"}, line: 3, want: []string{"nosuch"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			input := tt.input
+			if input == "" {
+				input = cfBlock(tt.body...)
+			}
+			_, err := cfParse(input)
+			cfCheckErr(t, err, tt.line, tt.want...)
+		})
+	}
+}

@@ -1,0 +1,196 @@
+package idempotency
+
+import (
+	"bytes"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// slowUpstream answers 201 with a body after a pause, so that concurrent
+// requests overlap the first one.
+func slowUpstream(pause time.Duration) *upstream {
+	return &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		time.Sleep(pause)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, err := w.Write([]byte(`{"id":"ord_1"}`))
+		return err
+	}}
+}
+
+// fire sends n identical requests at once and returns their responses.
+func fire(h *Handler, up *upstream, n int, key, body string) []*responseSnapshot {
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	out := make([]*responseSnapshot, n)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			w := serve(h, up, request(key, body))
+			out[i] = &responseSnapshot{code: w.Code, header: w.Header(), body: w.Body.Bytes()}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return out
+}
+
+type responseSnapshot struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+func TestConcurrentSameKeyRunsOnce(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := slowUpstream(100 * time.Millisecond)
+	responses := fire(h, up, 100, "order-1", `{"amount":10}`)
+
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream ran %d times for 100 concurrent requests, want exactly 1", n)
+	}
+	var created, conflicts, replays int
+	for _, r := range responses {
+		switch {
+		case r.code == http.StatusConflict:
+			conflicts++
+			if r.header.Get("Retry-After") == "" {
+				t.Error("409 without Retry-After")
+			}
+		case r.code == http.StatusCreated && r.header.Get("Idempotent-Replayed") == "true":
+			replays++
+			if !bytes.Equal(r.body, []byte(`{"id":"ord_1"}`)) {
+				t.Errorf("replay body %q", r.body)
+			}
+		case r.code == http.StatusCreated:
+			created++
+		default:
+			t.Errorf("unexpected response %d %q", r.code, r.body)
+		}
+	}
+	if created != 1 || conflicts+replays != 99 {
+		t.Fatalf("created %d, conflicts %d, replays %d; want 1 created and 99 others", created, conflicts, replays)
+	}
+}
+
+func TestConcurrentSameKeyWaitModeAllGetTheResponse(t *testing.T) {
+	h := isolated(t, &Handler{InFlight: "wait", WaitTimeout: caddy.Duration(10 * time.Second)})
+	up := slowUpstream(200 * time.Millisecond)
+	responses := fire(h, up, 100, "order-1", `{"amount":10}`)
+
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream ran %d times, want exactly 1", n)
+	}
+	replays := 0
+	for _, r := range responses {
+		if r.code != http.StatusCreated || !bytes.Equal(r.body, []byte(`{"id":"ord_1"}`)) {
+			t.Fatalf("wait mode: got %d %q, want every request to get the 201", r.code, r.body)
+		}
+		if r.header.Get("Idempotent-Replayed") == "true" {
+			replays++
+		}
+	}
+	if replays != 99 {
+		t.Fatalf("%d replays, want 99", replays)
+	}
+}
+
+func TestWaitModeTimesOutWithConflict(t *testing.T) {
+	h := isolated(t, &Handler{InFlight: "wait", WaitTimeout: caddy.Duration(100 * time.Millisecond)})
+	up := slowUpstream(time.Second)
+	go serve(h, up, request("k", "{}"))
+	if !eventually(t, 2*time.Second, func() bool { return up.calls.Load() == 1 }) {
+		t.Fatal("first request did not start")
+	}
+	began := time.Now()
+	w := serve(h, up, request("k", "{}"))
+	if w.Code != http.StatusConflict {
+		t.Fatalf("after wait_timeout: %d, want 409", w.Code)
+	}
+	if waited := time.Since(began); waited < 100*time.Millisecond {
+		t.Fatalf("returned after %v, before wait_timeout", waited)
+	}
+}
+
+func TestWaitModeRunsWhenTheFirstIsReleased(t *testing.T) {
+	h := isolated(t, &Handler{InFlight: "wait"})
+	var mu sync.Mutex
+	fail := true
+	up := &upstream{}
+	up.serve = func(w http.ResponseWriter, r *http.Request) error {
+		mu.Lock()
+		f := fail
+		fail = false
+		mu.Unlock()
+		time.Sleep(100 * time.Millisecond)
+		if f {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return nil
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}
+	first := make(chan int)
+	go func() { first <- serve(h, up, request("k", "{}")).Code }()
+	if !eventually(t, 2*time.Second, func() bool { return up.calls.Load() == 1 }) {
+		t.Fatal("first request did not start")
+	}
+	second := serve(h, up, request("k", "{}"))
+	if code := <-first; code != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d", code)
+	}
+	if second.Code != http.StatusCreated || second.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("waiter after a released key: %d replayed=%q; want it to run itself", second.Code, second.Header().Get("Idempotent-Replayed"))
+	}
+	if up.calls.Load() != 2 {
+		t.Fatalf("upstream ran %d times, want 2", up.calls.Load())
+	}
+}
+
+func TestLongRequestKeepsItsLease(t *testing.T) {
+	// The upstream takes 3x lock_timeout: without renewal a retry would
+	// take the key over and run it a second time.
+	h := isolated(t, &Handler{LockTimeout: caddy.Duration(150 * time.Millisecond)})
+	up := slowUpstream(450 * time.Millisecond)
+	done := make(chan struct{})
+	go func() { serve(h, up, request("k", "{}")); close(done) }()
+	if !eventually(t, 2*time.Second, func() bool { return up.calls.Load() == 1 }) {
+		t.Fatal("first request did not start")
+	}
+	for i := 0; i < 6; i++ {
+		time.Sleep(60 * time.Millisecond)
+		select {
+		case <-done:
+		default:
+			if w := serve(h, up, request("k", "{}")); w.Code != http.StatusConflict {
+				t.Fatalf("retry during the long request: %d, want 409", w.Code)
+			}
+		}
+	}
+	<-done
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream ran %d times, want 1", n)
+	}
+}
+
+func TestDistinctKeysRunConcurrently(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := slowUpstream(50 * time.Millisecond)
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			key := "key-" + string(rune('A'+i%26)) + string(rune('a'+i/26))
+			if w := serve(h, up, request(key, "{}")); w.Code != http.StatusCreated {
+				t.Errorf("%s: %d", key, w.Code)
+			}
+		})
+	}
+	wg.Wait()
+	if up.calls.Load() != 50 {
+		t.Fatalf("upstream ran %d times, want 50", up.calls.Load())
+	}
+}

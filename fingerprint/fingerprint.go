@@ -1,0 +1,143 @@
+package fingerprint
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
+	"net/http"
+	"net/textproto"
+	"sync"
+)
+
+// Size is the length of a fingerprint.
+const Size = sha256.Size
+
+// version starts every hashed frame, so that a future change of the framing
+// or of the canonical encoding cannot collide with fingerprints stored by
+// this one: records written by an older instance during a rolling upgrade
+// then mismatch (a 422) instead of silently matching something different.
+const version = "caddy-idempotency/fingerprint/v1\x00"
+
+// Body tags: a body that canonicalised as JSON is hashed in the canonical
+// encoding, any other body as its raw bytes. The tag keeps a raw body from
+// ever colliding with the canonical encoding of some JSON body.
+const (
+	bodyCanonical = 'J'
+	bodyRaw       = 'R'
+)
+
+// Fingerprinter computes request fingerprints: the SHA-256 of the parts of a
+// request that must be equal for a retry to count as the same request.
+// Configure it once with New; it is safe for concurrent use. The zero value
+// (and a nil *Fingerprinter) hashes no headers and raw bodies.
+type Fingerprinter struct {
+	headers       []string // canonical MIME header keys, in configured order
+	canonicalJSON bool
+}
+
+// New returns a Fingerprinter that hashes, besides method, path, query and
+// body, the values of headers in the given order. Names are canonicalised
+// here once (content-type becomes Content-Type) so that Sum can index the
+// header map without allocating. When canonicalJSON is true, bodies that are
+// valid JSON are hashed in their canonical encoding (see AppendCanonicalJSON),
+// so that retries re-serialised by a client library still match; other
+// bodies are hashed raw.
+func New(headers []string, canonicalJSON bool) *Fingerprinter {
+	f := &Fingerprinter{
+		headers:       make([]string, len(headers)),
+		canonicalJSON: canonicalJSON,
+	}
+	for i, h := range headers {
+		f.headers[i] = textproto.CanonicalMIMEHeaderKey(h)
+	}
+	return f
+}
+
+// Headers returns a copy of the canonicalised header names that take part in
+// the fingerprint.
+func (f *Fingerprinter) Headers() []string {
+	if f == nil {
+		return nil
+	}
+	return append([]string(nil), f.headers...)
+}
+
+// CanonicalJSON reports whether JSON bodies are canonicalised.
+func (f *Fingerprinter) CanonicalJSON() bool { return f != nil && f.canonicalJSON }
+
+// sumState is the reusable state of one Sum call.
+type sumState struct {
+	h     hash.Hash
+	frame []byte // everything but the body
+	canon []byte // the canonical encoding of a JSON body
+	sum   [Size]byte
+}
+
+var sumPool = sync.Pool{New: func() any { return &sumState{h: sha256.New()} }}
+
+// Sum appends the SHA-256 fingerprint of the request parts to dst and
+// returns the extended slice. header may be nil; only the configured headers
+// are read, by their canonical names. In steady state Sum allocates nothing
+// when dst has room for Size more bytes.
+//
+// The hashed input is an injective framing, so that no two different
+// requests produce the same input: a version tag, then method, path, raw
+// query, each length-prefixed, then for each configured header its name and
+// its value count followed by each value length-prefixed (an absent header
+// has count 0, a header present but empty has count 1 and an empty value),
+// then a body tag ('J' canonical JSON, 'R' raw bytes) and the
+// length-prefixed body.
+func (f *Fingerprinter) Sum(dst []byte, method, path, rawQuery string, header http.Header, body []byte) []byte {
+	var cfg Fingerprinter
+	if f != nil {
+		cfg = *f
+	}
+	st := sumPool.Get().(*sumState)
+	st.h.Reset()
+
+	fr := append(st.frame[:0], version...)
+	fr = appendString(fr, method)
+	fr = appendString(fr, path)
+	fr = appendString(fr, rawQuery)
+	fr = binary.AppendUvarint(fr, uint64(len(cfg.headers)))
+	for _, name := range cfg.headers {
+		fr = appendString(fr, name)
+		values := header[name]
+		fr = binary.AppendUvarint(fr, uint64(len(values)))
+		for _, v := range values {
+			fr = appendString(fr, v)
+		}
+	}
+
+	payload, tag := body, byte(bodyRaw)
+	if cfg.canonicalJSON {
+		canon, fail := appendCanonical(st.canon[:0], body)
+		st.canon = canon
+		if fail.reason == "" {
+			payload, tag = canon, bodyCanonical
+		}
+	}
+	fr = append(fr, tag)
+	fr = binary.AppendUvarint(fr, uint64(len(payload)))
+	st.frame = fr
+
+	st.h.Write(fr)
+	st.h.Write(payload)
+	// Summing into the pooled array rather than into dst keeps dst away
+	// from the hash.Hash interface, through which it would escape: callers
+	// can then pass a stack array.
+	st.h.Sum(st.sum[:0])
+	dst = append(dst, st.sum[:]...)
+
+	if cap(st.frame) <= maxPooledBytes && cap(st.canon) <= maxPooledBytes {
+		sumPool.Put(st)
+	}
+	return dst
+}
+
+// appendString appends s with a uvarint length prefix, which keeps adjacent
+// fields from running into each other ("ab"+"c" vs "a"+"bc").
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}

@@ -1,0 +1,439 @@
+package idempotency
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+func TestFirstRequestRunsAndRetryReplays(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{}
+
+	first := serve(h, up, request("k1", `{"amount":10}`))
+	if first.Code != http.StatusCreated || first.Body.String() != `{"order":42}` {
+		t.Fatalf("first: %d %q", first.Code, first.Body.String())
+	}
+	if first.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatal("first response must not be marked as a replay")
+	}
+
+	retry := serve(h, up, request("k1", `{"amount":10}`))
+	if retry.Code != http.StatusCreated || retry.Body.String() != `{"order":42}` {
+		t.Fatalf("retry: %d %q", retry.Code, retry.Body.String())
+	}
+	if got := retry.Header().Get("Idempotent-Replayed"); got != "true" {
+		t.Fatalf("Idempotent-Replayed = %q, want true", got)
+	}
+	if retry.Header().Get("X-Order") != "42" || retry.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("replay lost headers: %v", retry.Header())
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream ran %d times, want 1", n)
+	}
+}
+
+func TestReplayKeepsMultiValuedHeadersAndDropsHopByHop(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Add("Set-Cookie", "a=1")
+		w.Header().Add("Set-Cookie", "b=2")
+		w.Header().Set("Date", "Mon, 01 Jan 2001 00:00:00 GMT")
+		w.Header().Set("Connection", "X-Private")
+		w.Header().Set("X-Private", "per-connection")
+		w.Header().Set("Keep-Alive", "timeout=5")
+		w.WriteHeader(http.StatusOK)
+		return nil
+	}}
+	serve(h, up, request("k", ""))
+	retry := serve(h, up, request("k", ""))
+	if got := retry.Header().Values("Set-Cookie"); len(got) != 2 || got[0] != "a=1" || got[1] != "b=2" {
+		t.Fatalf("Set-Cookie = %q", got)
+	}
+	for _, name := range []string{"Date", "Connection", "X-Private", "Keep-Alive"} {
+		if v := retry.Header().Get(name); v != "" {
+			t.Errorf("replay repeats %s: %q", name, v)
+		}
+	}
+}
+
+func TestSFStringKeyIsTheSameKeyAsBare(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{}
+	serve(h, up, request("abc-123", "{}"))
+	retry := serve(h, up, request(`"abc-123"`, "{}"))
+	if retry.Header().Get("Idempotent-Replayed") != "true" || up.calls.Load() != 1 {
+		t.Fatalf("sf-string key not matched to bare key: replayed=%q calls=%d", retry.Header().Get("Idempotent-Replayed"), up.calls.Load())
+	}
+}
+
+func TestKeyReusedForOtherRequestIsMismatch(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{}
+	serve(h, up, request("k", `{"amount":10}`))
+
+	cases := map[string]*http.Request{
+		"other body": request("k", `{"amount":11}`),
+		"other path": func() *http.Request {
+			r := request("k", `{"amount":10}`)
+			r.URL.Path = "/refunds"
+			return r
+		}(),
+		"other query": func() *http.Request {
+			r := request("k", `{"amount":10}`)
+			r.URL.RawQuery = "dry_run=1"
+			return r
+		}(),
+		"other method": func() *http.Request {
+			r := request("k", `{"amount":10}`)
+			r.Method = http.MethodPatch
+			return r
+		}(),
+		"other content type": func() *http.Request {
+			r := request("k", `{"amount":10}`)
+			r.Header.Set("Content-Type", "text/plain")
+			return r
+		}(),
+	}
+	for name, r := range cases {
+		t.Run(name, func(t *testing.T) {
+			w := serve(h, up, r)
+			if w.Code != http.StatusUnprocessableEntity {
+				t.Fatalf("status %d, want 422", w.Code)
+			}
+			if p := problemOf(t, w); p.Title != "Idempotency-Key is already used" {
+				t.Fatalf("title %q", p.Title)
+			}
+		})
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream ran %d times, want 1", n)
+	}
+}
+
+func TestMismatchIsCheckedBeforeInFlight(t *testing.T) {
+	h := isolated(t, &Handler{})
+	started, release := make(chan struct{}), make(chan struct{})
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		close(started)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}}
+	done := make(chan struct{})
+	go func() { serve(h, up, request("k", `{"a":1}`)); close(done) }()
+	<-started
+
+	if w := serve(h, up, request("k", `{"a":2}`)); w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("other request while in flight: %d, want 422", w.Code)
+	}
+	w := serve(h, up, request("k", `{"a":1}`))
+	if w.Code != http.StatusConflict {
+		t.Fatalf("same request while in flight: %d, want 409", w.Code)
+	}
+	if w.Header().Get("Retry-After") == "" {
+		t.Fatal("409 without Retry-After")
+	}
+	if p := problemOf(t, w); p.Title != "A request is outstanding for this Idempotency-Key" {
+		t.Fatalf("title %q", p.Title)
+	}
+	close(release)
+	<-done
+}
+
+func TestCanonicalJSONMatchesReorderedBody(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{}
+	serve(h, up, request("k", `{"amount":10,"currency":"EUR"}`))
+	retry := serve(h, up, request("k", "{ \"currency\": \"EUR\",\n \"amount\": 10.0 }"))
+	if retry.Code != http.StatusCreated || retry.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("reordered JSON not replayed: %d", retry.Code)
+	}
+
+	off := false
+	raw := isolated(t, &Handler{Fingerprint: &FingerprintConfig{CanonicalJSON: &off}})
+	serve(raw, up, request("k", `{"amount":10,"currency":"EUR"}`))
+	if w := serve(raw, up, request("k", `{"currency":"EUR","amount":10}`)); w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("canonical_json false: reordered body got %d, want 422", w.Code)
+	}
+}
+
+func TestFingerprintHeadersAreCompared(t *testing.T) {
+	h := isolated(t, &Handler{Fingerprint: &FingerprintConfig{Headers: []string{"X-Tenant"}}})
+	up := &upstream{}
+	r := request("k", "{}")
+	r.Header.Set("X-Tenant", "a")
+	serve(h, up, r)
+
+	r = request("k", "{}")
+	r.Header.Set("X-Tenant", "b")
+	if w := serve(h, up, r); w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("other X-Tenant: %d, want 422", w.Code)
+	}
+	r = request("k", "{}")
+	r.Header.Set("X-Tenant", "a")
+	r.Header.Set("Content-Type", "text/plain") // not in the fingerprint any more
+	if w := serve(h, up, r); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("same X-Tenant: %d, want a replay", w.Code)
+	}
+}
+
+func TestMissingKeyPassesThroughUnlessRequired(t *testing.T) {
+	up := &upstream{}
+	h := isolated(t, &Handler{})
+	for range 2 {
+		if w := serve(h, up, request("", "{}")); w.Code != http.StatusCreated {
+			t.Fatalf("no key: %d", w.Code)
+		}
+	}
+	if up.calls.Load() != 2 {
+		t.Fatalf("requests without a key must each run: %d", up.calls.Load())
+	}
+
+	req := isolated(t, &Handler{Required: true})
+	w := serve(req, up, request("", "{}"))
+	if w.Code != http.StatusBadRequest {
+		t.Fatalf("required, no key: %d", w.Code)
+	}
+	if p := problemOf(t, w); p.Title != "Idempotency-Key is missing" || p.Type != "urn:caddy-idempotency:key-missing" {
+		t.Fatalf("problem %+v", p)
+	}
+	if up.calls.Load() != 2 {
+		t.Fatal("upstream ran for a rejected request")
+	}
+}
+
+func TestInvalidKeysAreRejected(t *testing.T) {
+	h := isolated(t, &Handler{MaxKeyLength: 16})
+	up := &upstream{}
+	cases := map[string][]string{
+		"empty":            {""},
+		"empty sf-string":  {`""`},
+		"too long":         {strings.Repeat("a", 17)},
+		"too long quoted":  {`"` + strings.Repeat("a", 17) + `"`},
+		"10k bytes":        {strings.Repeat("k", 10_000)},
+		"control byte":     {"ab\x01c"},
+		"DEL":              {"ab\x7fc"},
+		"non UTF-8":        {"ab\xffc"},
+		"UTF-8 letter":     {"cl\u00e9"},
+		"space inside":     {"a b"},
+		"several lines":    {"a", "b"},
+		"bare list":        {"a,b"},
+		"sf list":          {`"a", "b"`},
+		"unterminated":     {`"abc`},
+		"bad escape":       {`"a\b"`},
+		"trailing garbage": {`"abc"x`},
+	}
+	for name, values := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := request("", "{}")
+			r.Header["Idempotency-Key"] = values
+			w := serve(h, up, r)
+			if w.Code != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400", w.Code)
+			}
+			p := problemOf(t, w)
+			if p.Title != "Idempotency-Key is invalid" || p.Detail == "" {
+				t.Fatalf("problem %+v", p)
+			}
+			if len(p.Detail) > 200 {
+				t.Fatalf("detail too long (echoes the key?): %q", p.Detail)
+			}
+		})
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("upstream ran %d times for invalid keys", up.calls.Load())
+	}
+	if n := h.store.(interface{ Len() int }).Len(); n != 0 {
+		t.Fatalf("invalid keys left %d records", n)
+	}
+}
+
+func TestKeyAtMaxLengthIsAccepted(t *testing.T) {
+	h := isolated(t, &Handler{MaxKeyLength: 16})
+	if w := serve(h, &upstream{}, request(`"`+strings.Repeat("a", 16)+`"`, "{}")); w.Code != http.StatusCreated {
+		t.Fatalf("16-char key: %d", w.Code)
+	}
+}
+
+func TestMethodsNotListedPassThroughUntouched(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{}
+	for range 2 {
+		r := request("k", "{}")
+		r.Method = http.MethodPut
+		if w := serve(h, up, r); w.Header().Get("Idempotent-Replayed") != "" {
+			t.Fatal("PUT was replayed; only POST and PATCH use keys by default")
+		}
+	}
+	if up.calls.Load() != 2 {
+		t.Fatalf("PUT ran %d times, want 2", up.calls.Load())
+	}
+
+	put := isolated(t, &Handler{Methods: []string{"put"}})
+	for range 2 {
+		r := request("k", "{}")
+		r.Method = http.MethodPut
+		serve(put, up, r)
+	}
+	if up.calls.Load() != 3 {
+		t.Fatalf("methods put: upstream ran %d times in all, want 3", up.calls.Load())
+	}
+}
+
+func TestScopesIsolateClientsAndHosts(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{}
+	variants := []func(*http.Request){
+		func(r *http.Request) { r.Header.Set("Authorization", "Bearer alice") },
+		func(r *http.Request) { r.Header.Set("Authorization", "Bearer bob") },
+		func(r *http.Request) {},
+		func(r *http.Request) { r.Host = "other.example.com"; r.Header.Set("Authorization", "Bearer alice") },
+	}
+	for _, v := range variants {
+		r := request("shared-key", "{}")
+		v(r)
+		if w := serve(h, up, r); w.Header().Get("Idempotent-Replayed") != "" {
+			t.Fatal("a response was replayed across scopes")
+		}
+	}
+	if up.calls.Load() != int64(len(variants)) {
+		t.Fatalf("upstream ran %d times, want %d", up.calls.Load(), len(variants))
+	}
+	r := request("shared-key", "{}")
+	r.Header.Set("Authorization", "Bearer bob")
+	if w := serve(h, up, r); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatal("same client, same key: want a replay")
+	}
+}
+
+func TestScopeIsHashedBeforeTheStore(t *testing.T) {
+	h := isolated(t, &Handler{})
+	r := request("k", "{}")
+	r.Header.Set("Authorization", "Bearer secret-token")
+	serve(h, &upstream{}, r)
+	key := storage.Key{Scope: hashHex("example.com Bearer secret-token"), ID: "k"}
+	if _, err := h.store.Get(t.Context(), key, false); err != nil {
+		t.Fatalf("record not under the hashed scope: %v", err)
+	}
+	if strings.Contains(key.Scope, "secret") {
+		t.Fatal("scope not hashed")
+	}
+}
+
+func TestBlankScopeIsRejected(t *testing.T) {
+	h := isolated(t, &Handler{Scope: "{http.request.header.X-Client-Id}"})
+	up := &upstream{}
+	w := serve(h, up, request("k", "{}"))
+	if w.Code != http.StatusBadRequest || up.calls.Load() != 0 {
+		t.Fatalf("blank scope: %d, calls %d; want 400 and no call", w.Code, up.calls.Load())
+	}
+	problemOf(t, w)
+}
+
+func TestCompletedResponseExpiresAfterTTL(t *testing.T) {
+	h := isolated(t, &Handler{TTL: caddy.Duration(150 * time.Millisecond)})
+	up := &upstream{}
+	serve(h, up, request("k", "{}"))
+	if w := serve(h, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatal("no replay within the TTL")
+	}
+	time.Sleep(400 * time.Millisecond)
+	if w := serve(h, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatal("replayed after the TTL")
+	}
+	if up.calls.Load() != 2 {
+		t.Fatalf("upstream ran %d times, want 2", up.calls.Load())
+	}
+}
+
+func TestReplayHeaderCanBeRenamedOrTurnedOff(t *testing.T) {
+	up := &upstream{}
+	renamed := isolated(t, &Handler{ReplayHeader: "X-Replayed"})
+	serve(renamed, up, request("k", "{}"))
+	w := serve(renamed, up, request("k", "{}"))
+	if w.Header().Get("X-Replayed") != "true" || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("renamed replay header: %v", w.Header())
+	}
+
+	off := isolated(t, &Handler{ReplayHeader: "off"})
+	serve(off, up, request("k", "{}"))
+	w = serve(off, up, request("k", "{}"))
+	if w.Header().Get("Idempotent-Replayed") != "" || w.Code != http.StatusCreated {
+		t.Fatalf("replay_header off: %d %v", w.Code, w.Header())
+	}
+	if up.calls.Load() != 2 {
+		t.Fatalf("upstream ran %d times, want 2", up.calls.Load())
+	}
+}
+
+func TestProblemResponsesLinkDocs(t *testing.T) {
+	h := isolated(t, &Handler{Required: true, DocsURL: "https://api.example.com/docs/idempotency"})
+	w := serve(h, &upstream{}, request("", "{}"))
+	if got := w.Header().Get("Link"); got != `<https://api.example.com/docs/idempotency>; rel="describedby"` {
+		t.Fatalf("Link = %q", got)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(w.Body.Bytes(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	for _, member := range []string{"type", "title", "status", "detail"} {
+		if _, ok := raw[member]; !ok {
+			t.Errorf("problem lacks %q: %s", member, w.Body.String())
+		}
+	}
+	if w.Header().Get("Cache-Control") != "no-store" {
+		t.Error("problem responses must not be cached")
+	}
+}
+
+func TestPlaceholdersCarryOutcomeAndKeyHash(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{}
+	cases := []struct {
+		req     *http.Request
+		outcome string
+	}{
+		{request("k", "{}"), outcomeNew},
+		{request("k", "{}"), outcomeReplayed},
+		{request("k", `{"x":1}`), outcomeMismatch},
+		{request("", "{}"), outcomePassed},
+		{request("a b", "{}"), outcomeInvalid},
+	}
+	for _, c := range cases {
+		_, repl := servePlaceholders(h, up, c.req)
+		if got, _ := repl.GetString(placeholderOutcome); got != c.outcome {
+			t.Errorf("outcome %q, want %q", got, c.outcome)
+		}
+	}
+	_, repl := servePlaceholders(h, up, request("k", "{}"))
+	if kh, _ := repl.GetString(placeholderKeyHash); len(kh) != 16 {
+		t.Errorf("key_hash %q", kh)
+	}
+}
+
+func TestOuterHandlerOwnsTheRequest(t *testing.T) {
+	outer := isolated(t, &Handler{})
+	inner := isolated(t, &Handler{Required: true, Header: "X-Other-Key"})
+	up := &upstream{}
+	chain := handlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return inner.ServeHTTP(w, r, up)
+	})
+	w := serve(outer, chain, request("k", "{}"))
+	if w.Code != http.StatusCreated {
+		t.Fatalf("inner handler acted on a request the outer one owns: %d %s", w.Code, w.Body.String())
+	}
+	if n := inner.store.(interface{ Len() int }).Len(); n != 0 {
+		t.Fatalf("inner handler stored %d records", n)
+	}
+}
+
+type handlerFunc func(http.ResponseWriter, *http.Request) error
+
+func (f handlerFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) error { return f(w, r) }

@@ -1,0 +1,132 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// provision provisions and validates h as Caddy would; its context is
+// cancelled (cleaning up the storage module) when the test ends.
+func provision(t testing.TB, h *Handler) *Handler {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	if err := h.Validate(); err != nil {
+		t.Fatalf("validate: %v", err)
+	}
+	h.logger = zap.NewNop() // keep test output readable; logs_test.go observes them
+	return h
+}
+
+// isolated returns a handler on a memory store of its own: handlers share
+// a memory store per max_keys, so a unique max_keys keeps tests apart.
+var nextMaxKeys atomic.Int64
+
+func isolated(t testing.TB, h *Handler) *Handler {
+	t.Helper()
+	h.StorageRaw = json.RawMessage(`{"backend":"memory","max_keys":` + strconv.FormatInt(900_000_000+nextMaxKeys.Add(1), 10) + `}`)
+	return provision(t, h)
+}
+
+// upstream is a next handler that counts its executions.
+type upstream struct {
+	calls atomic.Int64
+	serve func(w http.ResponseWriter, r *http.Request) error
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	u.calls.Add(1)
+	if u.serve != nil {
+		return u.serve(w, r)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Order", "42")
+	w.WriteHeader(http.StatusCreated)
+	_, err := io.WriteString(w, `{"order":42}`)
+	return err
+}
+
+// request builds a POST with a key (none when key is "").
+func request(key, body string) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "http://example.com/orders", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	return r
+}
+
+// serve runs one request through h in a Caddy-prepared request context.
+func serve(h *Handler, next caddyhttp.Handler, r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	serveTo(h, next, w, r)
+	return w
+}
+
+func serveTo(h *Handler, next caddyhttp.Handler, w http.ResponseWriter, r *http.Request) error {
+	repl := caddy.NewReplacer()
+	r = caddyhttp.PrepareRequest(r, repl, w, nil)
+	err := h.ServeHTTP(w, r, next)
+	if err != nil {
+		// Caddy's server would answer with the error's status.
+		if he, ok := err.(caddyhttp.HandlerError); ok {
+			w.WriteHeader(he.StatusCode)
+		} else {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}
+	return err
+}
+
+// servePlaceholders runs one request and returns the replacer too.
+func servePlaceholders(h *Handler, next caddyhttp.Handler, r *http.Request) (*httptest.ResponseRecorder, *caddy.Replacer) {
+	w := httptest.NewRecorder()
+	repl := caddy.NewReplacer()
+	r = caddyhttp.PrepareRequest(r, repl, w, nil)
+	_ = h.ServeHTTP(w, r, next)
+	return w, repl
+}
+
+// problemOf decodes a problem response, failing the test if it is not one.
+func problemOf(t *testing.T, w *httptest.ResponseRecorder) problemBody {
+	t.Helper()
+	if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type = %q, want application/problem+json (status %d, body %q)", ct, w.Code, w.Body.String())
+	}
+	var p problemBody
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body %q: %v", w.Body.String(), err)
+	}
+	if p.Status != w.Code {
+		t.Fatalf("problem status %d != response status %d", p.Status, w.Code)
+	}
+	return p
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, cond func() bool) bool {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return cond()
+}

@@ -1,0 +1,260 @@
+package idempotency
+
+import (
+	"bytes"
+	"compress/gzip"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+)
+
+// These tests run a real Caddy in this process, configured from a
+// Caddyfile, in front of a counting upstream. Caddy holds one config per
+// process, so they do not run in parallel.
+
+// countingUpstream is an HTTP server that counts requests and answers
+// with a JSON body, gzip-encoded when the request accepts it (so tests
+// see what an encoding upstream would make Caddy store).
+type countingUpstream struct {
+	*httptest.Server
+	calls atomic.Int64
+	delay time.Duration
+	body  string
+}
+
+func newCountingUpstream(t *testing.T) *countingUpstream {
+	u := &countingUpstream{body: `{"id":"ord_1","items":[` + strings.Repeat(`{"sku":"abc","qty":1},`, 60) + `{"sku":"end","qty":0}]}`}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.calls.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		time.Sleep(u.delay)
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			w.WriteHeader(http.StatusCreated)
+			zw := gzip.NewWriter(w)
+			_, _ = zw.Write([]byte(u.body))
+			_ = zw.Close()
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, u.body)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// loadCaddyfile adapts and runs a Caddyfile site body on a fresh port and
+// returns the site's base URL. The config stays loaded until the test ends.
+func loadCaddyfile(t *testing.T, port int, site string) string {
+	t.Helper()
+	cfg := fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	http_port %d
+}
+
+http://127.0.0.1:%d {
+%s
+}
+`, port, port, site)
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	js, warnings, err := adapter.Adapt(caddyfile.Format([]byte(cfg)), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapt: %v\n%s", err, cfg)
+	}
+	if len(warnings) > 0 {
+		t.Fatalf("adapt warnings: %v", warnings)
+	}
+	if err := caddy.Load(js, true); err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	return fmt.Sprintf("http://127.0.0.1:%d", port)
+}
+
+// client does not ask for compression unless told and never decodes.
+var client = &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 200}, Timeout: 30 * time.Second}
+
+func post(t *testing.T, url, key, body string, header ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	return resp, b
+}
+
+func TestCaddyfileReverseProxyConcurrentSameKeyRunsOnce(t *testing.T) {
+	up := newCountingUpstream(t)
+	up.delay = 100 * time.Millisecond
+	base := loadCaddyfile(t, freePort(t), `
+	idempotency
+	reverse_proxy `+up.Listener.Addr().String())
+
+	var wg sync.WaitGroup
+	var created, replayed, conflict atomic.Int64
+	start := make(chan struct{})
+	for range 100 {
+		wg.Go(func() {
+			<-start
+			resp, body := post(t, base+"/orders", "order-1", `{"amount":10}`)
+			switch {
+			case resp.StatusCode == http.StatusConflict:
+				conflict.Add(1)
+			case resp.StatusCode == http.StatusCreated && resp.Header.Get("Idempotent-Replayed") == "true":
+				replayed.Add(1)
+				if string(body) != up.body {
+					t.Errorf("replay body differs")
+				}
+			case resp.StatusCode == http.StatusCreated:
+				created.Add(1)
+			default:
+				t.Errorf("unexpected %d %s", resp.StatusCode, body)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream ran %d times, want 1", n)
+	}
+	if created.Load() != 1 || conflict.Load()+replayed.Load() != 99 {
+		t.Fatalf("created %d conflict %d replayed %d", created.Load(), conflict.Load(), replayed.Load())
+	}
+}
+
+func TestEncodeNeverReplaysCompressedBytesToPlainClients(t *testing.T) {
+	up := newCountingUpstream(t)
+	base := loadCaddyfile(t, freePort(t), `
+	encode gzip
+	idempotency
+	reverse_proxy `+up.Listener.Addr().String())
+
+	// The first client asks for gzip and gets it (from encode).
+	resp, body := post(t, base+"/orders", "k", "{}", "Accept-Encoding", "gzip")
+	if resp.Header.Get("Content-Encoding") != "gzip" || string(gunzip(t, body)) != up.body {
+		t.Fatalf("first: Content-Encoding %q", resp.Header.Get("Content-Encoding"))
+	}
+	// A retry from a client that did not ask for gzip gets plain bytes.
+	resp, body = post(t, base+"/orders", "k", "{}")
+	if resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry not replayed: %d", resp.StatusCode)
+	}
+	if resp.Header.Get("Content-Encoding") != "" || string(body) != up.body {
+		t.Fatalf("plain client got Content-Encoding %q and %d bytes", resp.Header.Get("Content-Encoding"), len(body))
+	}
+	// And one that asks for gzip gets the replay compressed.
+	resp, body = post(t, base+"/orders", "k", "{}", "Accept-Encoding", "gzip")
+	if resp.Header.Get("Content-Encoding") != "gzip" || string(gunzip(t, body)) != up.body {
+		t.Fatalf("gzip client replay: Content-Encoding %q", resp.Header.Get("Content-Encoding"))
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	}
+}
+
+func gunzip(t *testing.T, b []byte) []byte {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("not gzip: %v", err)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestReloadKeepsMemoryState(t *testing.T) {
+	up := newCountingUpstream(t)
+	port := freePort(t)
+	base := loadCaddyfile(t, port, `
+	idempotency {
+		ttl 1h
+	}
+	reverse_proxy `+up.Listener.Addr().String())
+	post(t, base+"/orders", "k", "{}")
+
+	// A reload with another TTL provisions a new handler; the memory store
+	// (same max_keys) is the same one.
+	loadCaddyfile(t, port, `
+	idempotency {
+		ttl 2h
+	}
+	reverse_proxy `+up.Listener.Addr().String())
+	resp, _ := post(t, base+"/orders", "k", "{}")
+	if resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("after reload: %d, not replayed", resp.StatusCode)
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times across the reload, want 1", up.calls.Load())
+	}
+}
+
+func TestPerRouteTTLs(t *testing.T) {
+	up := newCountingUpstream(t)
+	base := loadCaddyfile(t, freePort(t), `
+	@payments path /payments/*
+	idempotency @payments {
+		ttl 48h
+		required
+	}
+	idempotency {
+		ttl 200ms
+	}
+	reverse_proxy `+up.Listener.Addr().String())
+
+	if resp, _ := post(t, base+"/payments/1", "", "{}"); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("payments without a key: %d, want 400", resp.StatusCode)
+	}
+	post(t, base+"/payments/1", "p", "{}")
+	post(t, base+"/orders", "o", "{}")
+	time.Sleep(500 * time.Millisecond)
+	if resp, _ := post(t, base+"/payments/1", "p", "{}"); resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("payments record expired early")
+	}
+	if resp, _ := post(t, base+"/orders", "o", "{}"); resp.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatal("orders record outlived its 200ms TTL")
+	}
+	if up.calls.Load() != 3 {
+		t.Fatalf("upstream ran %d times, want 3", up.calls.Load())
+	}
+}

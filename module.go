@@ -1,0 +1,395 @@
+// Package idempotency is a Caddy HTTP handler that makes retried writes safe:
+// a client sends an Idempotency-Key with a POST, the first request runs and
+// its response is recorded, and every retry with the same key gets the
+// recorded response back without running the upstream again.
+package idempotency
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Defaults of the configuration; see the README for what each one means.
+const (
+	defaultTTL             = 24 * time.Hour
+	defaultLockTimeout     = 30 * time.Second
+	defaultHeader          = "Idempotency-Key"
+	defaultScope           = "{http.request.host} {http.request.header.Authorization}"
+	defaultMaxKeyLength    = 255
+	defaultMaxBodySize     = 1 << 20
+	defaultMaxResponseSize = 1 << 20
+	defaultWaitTimeout     = 10 * time.Second
+	defaultReplayHeader    = "Idempotent-Replayed"
+
+	inFlightReject  = "reject"
+	inFlightWait    = "wait"
+	failClosed      = "fail_closed"
+	failOpen        = "fail_open"
+	replayHeaderOff = "off"
+)
+
+var (
+	defaultMethods            = []string{http.MethodPost, http.MethodPatch}
+	defaultFingerprintHeaders = []string{"Content-Type"}
+	defaultReleaseOn          = []string{"5xx"}
+)
+
+// Handler enforces the Idempotency-Key contract on the requests it sees.
+//
+// The first request with a key runs and its response is recorded; a retry
+// with the same key and the same request gets the recorded response (with
+// `Idempotent-Replayed: true`) and never reaches the next handler. A retry
+// while the first is still running gets 409, a reuse of the key for another
+// request 422, a malformed key 400. Responses with a `release_on` status free
+// the key so that the retry runs again.
+type Handler struct {
+	// Where records are kept: a module in namespace
+	// http.idempotency.storage, chosen by its "backend" key ("memory",
+	// "redis", "postgres"). Default: memory. Handlers with the same storage
+	// configuration share one store (and one connection pool), kept across
+	// config reloads.
+	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=http.idempotency.storage inline_key=backend"`
+
+	// How long a completed response is kept and replayed, counted from
+	// completion. Default: 24h.
+	TTL caddy.Duration `json:"ttl,omitempty"`
+
+	// The lease of an in-flight request. It is renewed every third of this
+	// while the request runs; if the instance running it dies, the lease
+	// lapses and the next retry takes the key over. Default: 30s.
+	LockTimeout caddy.Duration `json:"lock_timeout,omitempty"`
+
+	// The request methods that use keys; other requests pass through
+	// untouched. Default: POST and PATCH.
+	Methods []string `json:"methods,omitempty"`
+
+	// The request header that carries the key. Default: Idempotency-Key.
+	Header string `json:"header,omitempty"`
+
+	// Reject requests without a key (400). By default they pass through.
+	Required bool `json:"required,omitempty"`
+
+	// Which client a key belongs to: a template with placeholders whose
+	// value is hashed (SHA-256) before it reaches the store, so the same
+	// key from two clients or two hosts never collides and raw credentials
+	// are never stored. A request whose scope evaluates to blank is
+	// rejected (400). Default: "{http.request.host}
+	// {http.request.header.Authorization}".
+	Scope string `json:"scope,omitempty"`
+
+	// The longest key accepted, counted on the unquoted key. Default: 255.
+	MaxKeyLength int `json:"max_key_length,omitempty"`
+
+	// The largest request body accepted with a key, in bytes; larger
+	// requests get 413 and the next handler is not called. The body is read
+	// whole before the key is reserved. Default: 1 MiB.
+	MaxBodySize int64 `json:"max_body_size,omitempty"`
+
+	// The largest response body recorded, in bytes. A larger response is
+	// still streamed whole to the client; its record keeps status and
+	// headers only, and replays say so with `Idempotent-Body-Omitted:
+	// true`. Default: 1 MiB.
+	MaxResponseSize int64 `json:"max_response_size,omitempty"`
+
+	// What makes two requests with the same key "the same request".
+	Fingerprint *FingerprintConfig `json:"fingerprint,omitempty"`
+
+	// Response statuses that free the key instead of being recorded, so
+	// that a retry runs again: codes ("429") or classes ("5xx"). Handler
+	// errors and panics always free the key. Default: ["5xx"].
+	ReleaseOn []string `json:"release_on,omitempty"`
+
+	// What a request gets while another with the same key is running:
+	// "reject" (409 with Retry-After) or "wait" (block until the first
+	// finishes and replay its response; 409 after wait_timeout).
+	// Default: reject.
+	InFlight string `json:"in_flight,omitempty"`
+
+	// How long "wait" blocks at most. Default: 10s.
+	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
+
+	// What to do when the store cannot be reached: "fail_closed" answers
+	// 503 and never runs the next handler; "fail_open" runs it without
+	// idempotency and logs a warning. Default: fail_closed.
+	OnStorageError string `json:"on_storage_error,omitempty"`
+
+	// The response header that marks replays, or "off". Default:
+	// Idempotent-Replayed.
+	ReplayHeader string `json:"replay_header,omitempty"`
+
+	// A URL documenting the API's idempotency rules, linked from problem
+	// responses with `Link: <url>; rel="describedby"`.
+	DocsURL string `json:"docs_url,omitempty"`
+
+	store        storage.Store
+	waiter       storage.Waiter // nil when the store cannot notify
+	backend      string
+	methods      []string
+	headerKey    string
+	replayHeader string
+	releaseOn    statusSet
+	fingerprint  *fingerprint.Fingerprinter
+	logger       *zap.Logger
+}
+
+// FingerprintConfig chooses what a request's fingerprint covers: always the
+// method, path, query and body, plus these headers.
+type FingerprintConfig struct {
+	// Request headers whose values are part of the fingerprint.
+	// Default: ["Content-Type"].
+	Headers []string `json:"headers,omitempty"`
+
+	// Compare JSON bodies by meaning rather than bytes (member order,
+	// whitespace, string escapes and number spelling do not matter).
+	// Bodies that are not valid JSON are compared byte for byte.
+	// Default: true.
+	CanonicalJSON *bool `json:"canonical_json,omitempty"`
+}
+
+// StorageBackend is implemented by the guest modules in namespace
+// http.idempotency.storage. Store is valid from Provision to Cleanup.
+type StorageBackend interface {
+	Store() storage.Store
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.idempotency",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision fills in defaults and loads the store.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+
+	if h.TTL == 0 {
+		h.TTL = caddy.Duration(defaultTTL)
+	}
+	if h.LockTimeout == 0 {
+		h.LockTimeout = caddy.Duration(defaultLockTimeout)
+	}
+	if len(h.Methods) == 0 {
+		h.Methods = defaultMethods
+	}
+	h.methods = make([]string, len(h.Methods))
+	for i, m := range h.Methods {
+		h.methods[i] = strings.ToUpper(m)
+	}
+	if h.Header == "" {
+		h.Header = defaultHeader
+	}
+	h.headerKey = textproto.CanonicalMIMEHeaderKey(h.Header)
+	if h.Scope == "" {
+		h.Scope = defaultScope
+	}
+	if h.MaxKeyLength == 0 {
+		h.MaxKeyLength = defaultMaxKeyLength
+	}
+	if h.MaxBodySize == 0 {
+		h.MaxBodySize = defaultMaxBodySize
+	}
+	if h.MaxResponseSize == 0 {
+		h.MaxResponseSize = defaultMaxResponseSize
+	}
+	if h.Fingerprint == nil {
+		h.Fingerprint = new(FingerprintConfig)
+	}
+	if len(h.Fingerprint.Headers) == 0 {
+		h.Fingerprint.Headers = defaultFingerprintHeaders
+	}
+	canonical := h.Fingerprint.CanonicalJSON == nil || *h.Fingerprint.CanonicalJSON
+	h.fingerprint = fingerprint.New(h.Fingerprint.Headers, canonical)
+	if len(h.ReleaseOn) == 0 {
+		h.ReleaseOn = defaultReleaseOn
+	}
+	releaseOn, err := parseStatusSet(h.ReleaseOn)
+	if err != nil {
+		return fmt.Errorf("release_on: %w", err)
+	}
+	h.releaseOn = releaseOn
+	if h.InFlight == "" {
+		h.InFlight = inFlightReject
+	}
+	if h.WaitTimeout == 0 {
+		h.WaitTimeout = caddy.Duration(defaultWaitTimeout)
+	}
+	if h.OnStorageError == "" {
+		h.OnStorageError = failClosed
+	}
+	switch h.ReplayHeader {
+	case "":
+		h.replayHeader = defaultReplayHeader
+	case replayHeaderOff:
+		h.replayHeader = ""
+	default:
+		h.replayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
+	}
+
+	// Check the plain settings before acquiring a store: a config that
+	// fails here holds nothing that Cleanup must give back.
+	if err := h.validateSettings(); err != nil {
+		return err
+	}
+	return h.loadStorage(ctx)
+}
+
+func (h *Handler) loadStorage(ctx caddy.Context) error {
+	var mod any
+	var err error
+	if h.StorageRaw != nil {
+		mod, err = ctx.LoadModule(h, "StorageRaw")
+	} else {
+		mod, err = ctx.LoadModuleByID("http.idempotency.storage.memory", nil)
+	}
+	if err != nil {
+		return fmt.Errorf("loading idempotency storage: %w", err)
+	}
+	backend, ok := mod.(StorageBackend)
+	if !ok {
+		return fmt.Errorf("module %T is not an idempotency storage backend", mod)
+	}
+	h.store = backend.Store()
+	h.waiter, _ = h.store.(storage.Waiter)
+	h.backend = mod.(caddy.Module).CaddyModule().ID.Name()
+	return nil
+}
+
+// Validate reports configuration errors. Provision has already checked the
+// settings (before taking a store); this keeps the module honest when
+// validated on its own.
+func (h *Handler) Validate() error {
+	if h.store == nil {
+		return errors.New("no storage loaded")
+	}
+	return h.validateSettings()
+}
+
+func (h *Handler) validateSettings() error {
+	switch {
+	case h.TTL < 0:
+		return fmt.Errorf("ttl must be positive, got %s", time.Duration(h.TTL))
+	case h.LockTimeout < 0:
+		return fmt.Errorf("lock_timeout must be positive, got %s", time.Duration(h.LockTimeout))
+	case h.WaitTimeout < 0:
+		return fmt.Errorf("wait_timeout must be positive, got %s", time.Duration(h.WaitTimeout))
+	case h.MaxKeyLength < 0:
+		return fmt.Errorf("max_key_length must be positive, got %d", h.MaxKeyLength)
+	case h.MaxBodySize < 0:
+		return fmt.Errorf("max_body_size must be positive, got %d", h.MaxBodySize)
+	case h.MaxResponseSize < 0:
+		return fmt.Errorf("max_response_size must be positive, got %d", h.MaxResponseSize)
+	}
+	for _, m := range h.Methods {
+		if !isToken(m) {
+			return fmt.Errorf("methods: %q is not a valid method name", m)
+		}
+	}
+	if !isToken(h.Header) {
+		return fmt.Errorf("header: %q is not a valid header name", h.Header)
+	}
+	for _, name := range h.Fingerprint.Headers {
+		if !isToken(name) {
+			return fmt.Errorf("fingerprint headers: %q is not a valid header name", name)
+		}
+	}
+	if h.ReplayHeader != "" && h.ReplayHeader != replayHeaderOff && !isToken(h.ReplayHeader) {
+		return fmt.Errorf("replay_header: %q is not a valid header name", h.ReplayHeader)
+	}
+	switch h.InFlight {
+	case inFlightReject, inFlightWait:
+	default:
+		return fmt.Errorf("in_flight must be %q or %q, got %q", inFlightReject, inFlightWait, h.InFlight)
+	}
+	switch h.OnStorageError {
+	case failClosed, failOpen:
+	default:
+		return fmt.Errorf("on_storage_error must be %q or %q, got %q", failClosed, failOpen, h.OnStorageError)
+	}
+	if h.DocsURL != "" {
+		u, err := url.Parse(h.DocsURL)
+		if err != nil || !u.IsAbs() || u.Host == "" {
+			return fmt.Errorf("docs_url must be an absolute URL, got %q", h.DocsURL)
+		}
+	}
+	if _, err := parseStatusSet(h.ReleaseOn); err != nil {
+		return fmt.Errorf("release_on: %w", err)
+	}
+	return nil
+}
+
+// Cleanup releases nothing of its own: the storage guest module is cleaned
+// up by Caddy with the rest of the config. It tolerates a half-provisioned
+// handler.
+func (h *Handler) Cleanup() error {
+	h.store, h.waiter = nil, nil
+	return nil
+}
+
+// statusSet says which response statuses free a key.
+type statusSet [1000]bool
+
+func (s *statusSet) has(status int) bool {
+	return status >= 0 && status < len(s) && s[status]
+}
+
+// parseStatusSet parses codes ("429") and classes ("5xx") of final statuses.
+func parseStatusSet(specs []string) (statusSet, error) {
+	var set statusSet
+	for _, spec := range specs {
+		if len(spec) == 3 && (spec[1:] == "xx" || spec[1:] == "XX") && spec[0] >= '2' && spec[0] <= '5' {
+			base := int(spec[0]-'0') * 100
+			for code := base; code < base+100; code++ {
+				set[code] = true
+			}
+			continue
+		}
+		code, err := strconv.Atoi(spec)
+		if err != nil || code < 200 || code > 599 {
+			return set, fmt.Errorf("%q is not a final status code (200-599) or class (2xx-5xx)", spec)
+		}
+		set[code] = true
+	}
+	return set, nil
+}
+
+// isToken reports whether s is an RFC 9110 token (a method or header name).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,63 @@
+package idempotency
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// problem is an RFC 9457 problem type this handler answers with. Titles
+// follow draft-ietf-httpapi-idempotency-key-header where it names one.
+type problem struct {
+	status int
+	slug   string // the last part of the type URI
+	title  string
+}
+
+var (
+	problemKeyMissing = problem{http.StatusBadRequest, "key-missing", "Idempotency-Key is missing"}
+	problemKeyInvalid = problem{http.StatusBadRequest, "key-invalid", "Idempotency-Key is invalid"}
+	problemConflict   = problem{http.StatusConflict, "request-outstanding", "A request is outstanding for this Idempotency-Key"}
+	problemMismatch   = problem{http.StatusUnprocessableEntity, "key-reused", "Idempotency-Key is already used"}
+	problemTooLarge   = problem{http.StatusRequestEntityTooLarge, "body-too-large", "Request body is too large for an idempotent request"}
+	problemStoreDown  = problem{http.StatusServiceUnavailable, "store-unavailable", "Idempotency store is unavailable"}
+	problemStoreFull  = problem{http.StatusServiceUnavailable, "store-full", "Idempotency store is full"}
+)
+
+// problemTypeBase prefixes problem slugs to make type URIs: stable
+// identifiers that do not depend on any deployment.
+const problemTypeBase = "urn:caddy-idempotency:"
+
+// problemBody is the JSON object of a problem response.
+type problemBody struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// writeProblem answers with p as application/problem+json. Problem
+// responses are never stored and never cached.
+func (h *Handler) writeProblem(w http.ResponseWriter, p problem, detail string) error {
+	body, err := json.Marshal(problemBody{
+		Type:   problemTypeBase + p.slug,
+		Title:  p.title,
+		Status: p.status,
+		Detail: detail,
+	})
+	if err != nil {
+		return err
+	}
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/problem+json")
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	hdr.Set("Cache-Control", "no-store")
+	if h.DocsURL != "" {
+		hdr.Add("Link", "<"+h.DocsURL+`>; rel="describedby"`)
+	}
+	w.WriteHeader(p.status)
+	// A client that went away cannot be told anything else; there is no
+	// error for Caddy's error routes to handle.
+	_, _ = w.Write(body)
+	return nil
+}

@@ -1,0 +1,131 @@
+package idempotency
+
+import (
+	"errors"
+	"net/http"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func TestServerErrorsFreeTheKey(t *testing.T) {
+	h := isolated(t, &Handler{})
+	status := http.StatusBadGateway
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(status)
+		return nil
+	}}
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusBadGateway {
+		t.Fatalf("first: %d", w.Code)
+	}
+	status = http.StatusCreated
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after a 502 must run again: %d", w.Code)
+	}
+	if w := serve(h, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatal("the 201 was not recorded")
+	}
+	if up.calls.Load() != 2 {
+		t.Fatalf("upstream ran %d times, want 2", up.calls.Load())
+	}
+}
+
+func TestClientErrorsAreRecorded(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(http.StatusPaymentRequired)
+		_, _ = w.Write([]byte("card declined"))
+		return nil
+	}}
+	serve(h, up, request("k", "{}"))
+	w := serve(h, up, request("k", "{}"))
+	if w.Code != http.StatusPaymentRequired || w.Body.String() != "card declined" || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("4xx not replayed: %d %q", w.Code, w.Body.String())
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	}
+}
+
+func TestReleaseOnReplacesTheDefault(t *testing.T) {
+	h := isolated(t, &Handler{ReleaseOn: []string{"429", "503"}})
+	status := http.StatusTooManyRequests
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(status)
+		return nil
+	}}
+	serve(h, up, request("a", "{}"))
+	serve(h, up, request("a", "{}"))
+	if up.calls.Load() != 2 {
+		t.Fatalf("429 must free the key: %d calls", up.calls.Load())
+	}
+	status = http.StatusInternalServerError // not listed: recorded
+	serve(h, up, request("b", "{}"))
+	if w := serve(h, up, request("b", "{}")); w.Code != http.StatusInternalServerError || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("500 with release_on 429 503 must be replayed: %d", w.Code)
+	}
+	if up.calls.Load() != 3 {
+		t.Fatalf("upstream ran %d times, want 3", up.calls.Load())
+	}
+}
+
+func TestHandlerErrorFreesTheKey(t *testing.T) {
+	h := isolated(t, &Handler{})
+	fail := true
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		if fail {
+			return caddyhttp.Error(http.StatusBadGateway, errors.New("dial upstream: connection refused"))
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}}
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusBadGateway {
+		t.Fatalf("first: %d", w.Code)
+	}
+	fail = false
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after a handler error must run: %d", w.Code)
+	}
+}
+
+func TestPanicFreesTheKey(t *testing.T) {
+	h := isolated(t, &Handler{})
+	panics := true
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		if panics {
+			panic("boom")
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic must go on to Caddy's recovery")
+			}
+		}()
+		serve(h, up, request("k", "{}"))
+	}()
+	panics = false
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after a panic must run: %d", w.Code)
+	}
+}
+
+func TestErrorAfterResponseStartedStillCountsAsDone(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":`))
+		return errors.New("upstream reset mid-body")
+	}}
+	serve(h, up, request("k", "{}"))
+	w := serve(h, up, request("k", "{}"))
+	if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Body-Omitted") != "true" || w.Body.Len() != 0 {
+		t.Fatalf("retry: %d omitted=%q body=%q; want the status replayed without the partial body",
+			w.Code, w.Header().Get("Idempotent-Body-Omitted"), w.Body.String())
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	}
+}

@@ -1,0 +1,167 @@
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+)
+
+// The binary encoding of a recorded response, shared by the stores that
+// keep records outside the process. It is compact (no JSON, no base64) and
+// the body is its tail, so decoding never copies it:
+//
+//	version(1) flags(1) uvarint(status) header body...
+//	header = uvarint(names) { uvarint(len) name uvarint(values) { uvarint(len) value } }
+const codecVersion = 1
+
+const flagBodyOmitted = 1 << 0
+
+// ErrCorrupt is wrapped by decoding errors.
+var ErrCorrupt = errors.New("corrupt idempotency record")
+
+// AppendResponse appends the encoding of r to dst.
+func AppendResponse(dst []byte, r *Response) []byte {
+	var flags byte
+	if r.BodyOmitted {
+		flags |= flagBodyOmitted
+	}
+	dst = append(dst, codecVersion, flags)
+	dst = binary.AppendUvarint(dst, uint64(r.Status))
+	dst = AppendHeader(dst, r.Header)
+	return append(dst, r.Body...)
+}
+
+// DecodeResponse decodes an encoding made by AppendResponse. The returned
+// Body aliases b.
+func DecodeResponse(b []byte) (*Response, error) {
+	if len(b) < 2 {
+		return nil, fmt.Errorf("%w: %d bytes", ErrCorrupt, len(b))
+	}
+	if b[0] != codecVersion {
+		return nil, fmt.Errorf("%w: unknown version %d", ErrCorrupt, b[0])
+	}
+	r := &Response{BodyOmitted: b[1]&flagBodyOmitted != 0}
+	d := decoder{b: b[2:]}
+	status := d.uvarint()
+	if d.err == nil && (status < 100 || status > 999) {
+		d.fail("status %d", status)
+	}
+	r.Status = int(status)
+	r.Header = d.header()
+	if d.err != nil {
+		return nil, d.err
+	}
+	if len(d.b) > 0 {
+		r.Body = d.b
+	}
+	return r, nil
+}
+
+// AppendHeader appends the encoding of h to dst, names in sorted order so
+// that equal headers encode equally.
+func AppendHeader(dst []byte, h http.Header) []byte {
+	names := make([]string, 0, len(h))
+	for name := range h {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	dst = binary.AppendUvarint(dst, uint64(len(names)))
+	for _, name := range names {
+		dst = appendString(dst, name)
+		values := h[name]
+		dst = binary.AppendUvarint(dst, uint64(len(values)))
+		for _, v := range values {
+			dst = appendString(dst, v)
+		}
+	}
+	return dst
+}
+
+// DecodeHeader decodes an encoding made by AppendHeader; trailing bytes are
+// an error.
+func DecodeHeader(b []byte) (http.Header, error) {
+	d := decoder{b: b}
+	h := d.header()
+	if d.err == nil && len(d.b) > 0 {
+		d.fail("%d trailing bytes", len(d.b))
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return h, nil
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// decoder reads the encoding, remembering the first error so that callers
+// check once at the end.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: "+format, append([]any{ErrCorrupt}, args...)...)
+	}
+	d.b = nil
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("bad varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads a count of items that each take at least one byte, so that a
+// corrupt count cannot make the decoder allocate more than the input holds.
+func (d *decoder) count() int {
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.fail("count %d exceeds %d remaining bytes", n, len(d.b))
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) string() string {
+	n := d.count()
+	if d.err != nil {
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *decoder) header() http.Header {
+	names := d.count()
+	if d.err != nil || names == 0 {
+		return nil
+	}
+	h := make(http.Header, names)
+	for range names {
+		name := d.string()
+		values := make([]string, d.count())
+		for i := range values {
+			values[i] = d.string()
+		}
+		if d.err != nil {
+			return nil
+		}
+		h[name] = values
+	}
+	return h
+}

@@ -1,0 +1,82 @@
+package memory
+
+import (
+	"bytes"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// fpInline is the fingerprint size kept inside the entry: a SHA-256, which
+// is what the Caddy handler uses, so a new key costs one allocation.
+const fpInline = 32
+
+// entry is one record. All fields are guarded by the shard lock, except that
+// fp and rec, once set, never change: they are handed out to callers. A
+// takeover therefore replaces the entry rather than reusing it.
+type entry struct {
+	fp      []byte // points into fpBuf when it fits
+	token   storage.Token
+	created int64 // nanoseconds since Store.base
+	expires int64 // lease lapse (in flight) or expiry (completed)
+
+	// rec is the shared, immutable record once completed; nil in flight.
+	rec *storage.Record
+
+	// done is made by the first Wait on an in-flight entry and closed when
+	// the entry stops being that in-flight record, to wake the waiters.
+	done chan struct{}
+
+	fpBuf [fpInline]byte
+}
+
+func newEntry(fp []byte, now int64, ttl int64) *entry {
+	e := &entry{
+		token:   storage.NewToken(),
+		created: now,
+		expires: now + ttl,
+	}
+	// Copy: callers may reuse their slice once Reserve returns.
+	if len(fp) <= fpInline {
+		e.fp = e.fpBuf[:copy(e.fpBuf[:], fp)]
+	} else {
+		e.fp = bytes.Clone(fp)
+	}
+	return e
+}
+
+// live reports whether the entry still counts as present at now.
+func (e *entry) live(now int64) bool {
+	return now < e.expires
+}
+
+// owns reports whether token names the entry's lease. A lapsed lease that
+// nobody took over still counts: only a takeover fences the old owner.
+func (e *entry) owns(token storage.Token) bool {
+	return e.rec == nil && token != 0 && e.token == token
+}
+
+// wake releases the waiters of an entry that is no longer the same
+// in-flight record.
+func (e *entry) wake() {
+	if e.done != nil {
+		close(e.done)
+		e.done = nil
+	}
+}
+
+// reservation answers a Reserve that found the live entry e.
+func (s *Store) reservation(e *entry, fp []byte) storage.Reservation {
+	switch {
+	case !bytes.Equal(e.fp, fp):
+		return storage.Reservation{Outcome: storage.Mismatch}
+	case e.rec != nil:
+		return storage.Reservation{Outcome: storage.Replay, Record: e.rec}
+	}
+	// The token stays out: only the owner may complete or release.
+	return storage.Reservation{Outcome: storage.Conflict, Record: &storage.Record{
+		Fingerprint: e.fp,
+		State:       storage.InFlight,
+		CreatedAt:   s.at(e.created),
+		ExpiresAt:   s.at(e.expires),
+	}}
+}

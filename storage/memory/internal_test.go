@@ -1,0 +1,87 @@
+package memory
+
+import (
+	"testing"
+	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// lapseNow makes key's lease lapse at once, without sleeping through it and
+// without the Wait timer, which is bounded by the lease, waking anyone.
+func lapseNow(s *Store, key storage.Key) {
+	sh := s.shardFor(key)
+	sh.mu.Lock()
+	sh.m[key].expires = s.now() - 1
+	sh.mu.Unlock()
+}
+
+// waiting reports whether someone waits on key.
+func waiting(s *Store, key storage.Key) bool {
+	sh := s.shardFor(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[key]
+	return e != nil && e.done != nil
+}
+
+// checkCount fails unless the record count matches the shards' contents.
+func checkCount(t *testing.T, s *Store) {
+	t.Helper()
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	if got := s.Len(); got != n {
+		t.Fatalf("Len = %d, shards hold %d", got, n)
+	}
+}
+
+// wakesWaiter fails unless act, run while someone waits on key's lease of a
+// minute, wakes the waiter promptly.
+func wakesWaiter(t *testing.T, act func(s *Store, key storage.Key)) {
+	s := New(Options{})
+	defer s.Close()
+	key := storage.Key{Scope: "s", ID: "k"}
+	if _, err := s.Reserve(t.Context(), key, []byte("fp"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	woke := make(chan error, 1)
+	go func() { woke <- s.Wait(t.Context(), key, 5*time.Second) }()
+	for !waiting(s, key) {
+		time.Sleep(time.Millisecond)
+	}
+	act(s, key)
+	select {
+	case err := <-woke:
+		if err != nil {
+			t.Fatalf("Wait: %v", err)
+		}
+	case <-time.After(3 * time.Second): // well before maxWait
+		t.Fatal("waiter not woken")
+	}
+	checkCount(t, s)
+}
+
+func TestWaiterWakesOnTakeover(t *testing.T) {
+	wakesWaiter(t, func(s *Store, key storage.Key) {
+		lapseNow(s, key)
+		res, err := s.Reserve(t.Context(), key, []byte("other"), time.Minute)
+		if err != nil || res.Outcome != storage.Acquired {
+			t.Errorf("takeover = %v, %v", res.Outcome, err)
+		}
+	})
+}
+
+func TestWaiterWakesOnSweep(t *testing.T) {
+	wakesWaiter(t, func(s *Store, key storage.Key) {
+		lapseNow(s, key)
+		s.sweep()
+		if n := s.Len(); n != 0 {
+			t.Errorf("Len after sweep = %d", n)
+		}
+	})
+}

@@ -1,0 +1,146 @@
+// Package memory is the default idempotency store: records live in the
+// memory of one process, so it suits a single Caddy instance (or tests).
+//
+// Records are held in a sharded map, one mutex per shard, so requests for
+// different keys rarely contend. Expired records and lapsed leases count as
+// absent at once; a janitor goroutine frees their memory later. The number of
+// records is bounded by Options.MaxKeys: when full, expired records are swept
+// first, and if that does not help Reserve fails with storage.ErrFull. A live
+// record is never evicted, because forgetting one would let a retry run a
+// second time.
+//
+// To keep replays free of copies, a completed record and its Response are
+// shared: Reserve and Get hand out the same *storage.Record and
+// *storage.Response to every caller, and Complete keeps the caller's
+// *storage.Response. Callers must treat every returned Record, Response,
+// header map, body and fingerprint as read-only, and must not modify a
+// Response after passing it to Complete.
+package memory
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// Defaults used for Options fields that are zero or negative.
+const (
+	DefaultMaxKeys         = 1_000_000
+	DefaultJanitorInterval = time.Minute
+)
+
+// numShards is a power of two so a hash picks a shard with a mask. 64 shards
+// keep lock contention low on machines with dozens of cores while costing
+// only a few KiB.
+const numShards = 64
+
+// minSweepGap bounds how often a full store sweeps on behalf of Reserve: a
+// sweep walks every record, and a store that stays full of live records
+// would otherwise sweep on every new key.
+const minSweepGap = 100 * time.Millisecond
+
+// Options configures a Store.
+type Options struct {
+	// MaxKeys bounds the records held, expired or not (default 1000000).
+	MaxKeys int
+	// JanitorInterval is how often expired records are deleted
+	// (default 1 minute).
+	JanitorInterval time.Duration
+}
+
+// Store is an in-process storage.Store and storage.Waiter. Create it with
+// New and stop its janitor with Close.
+type Store struct {
+	seed maphash.Seed
+	// base anchors all times to the monotonic clock: entries keep
+	// nanoseconds since base, so wall-clock jumps never expire or revive a
+	// record, and entries hold no pointers for times.
+	base   time.Time
+	max    int64
+	count  atomic.Int64 // records held across all shards
+	shards [numShards]shard
+
+	sweepMu   sync.Mutex // one sweep at a time
+	lastSweep int64      // guarded by sweepMu; nanoseconds since base
+
+	closeOnce   sync.Once
+	stop        chan struct{} // closed by Close
+	janitorDone chan struct{} // closed when the janitor has returned
+}
+
+// shard is one lock and the records whose key hashes to it.
+type shard struct {
+	shardState
+	// Padding to two cache lines keeps neighbouring shards' locks from
+	// sharing a line (and the adjacent-line prefetcher), which would make
+	// independent keys contend after all.
+	_ [128 - unsafe.Sizeof(shardState{})%128]byte
+}
+
+type shardState struct {
+	mu sync.Mutex
+	m  map[storage.Key]*entry
+}
+
+var (
+	_ storage.Store  = (*Store)(nil)
+	_ storage.Waiter = (*Store)(nil)
+)
+
+// New returns a Store and starts its janitor goroutine; call Close to stop
+// it.
+func New(opts Options) *Store {
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = DefaultMaxKeys
+	}
+	if opts.JanitorInterval <= 0 {
+		opts.JanitorInterval = DefaultJanitorInterval
+	}
+	s := &Store{
+		seed: maphash.MakeSeed(),
+		base: time.Now(),
+		max:  int64(opts.MaxKeys),
+		// The first full store may sweep at once.
+		lastSweep:   -int64(minSweepGap),
+		stop:        make(chan struct{}),
+		janitorDone: make(chan struct{}),
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[storage.Key]*entry)
+	}
+	go s.janitor(opts.JanitorInterval)
+	return s
+}
+
+// Close stops the janitor and waits for it to return. It is idempotent and
+// always returns nil. The records stay usable: operations after Close still
+// work, only expired records are no longer freed in the background.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { close(s.stop) })
+	<-s.janitorDone
+	return nil
+}
+
+// Len returns the number of records held, expired or not yet swept
+// included. It is meant for tests and metrics.
+func (s *Store) Len() int {
+	return int(s.count.Load())
+}
+
+// now returns the monotonic time in nanoseconds since s.base.
+func (s *Store) now() int64 {
+	return int64(time.Since(s.base))
+}
+
+// at converts a time from s.now back to a time.Time.
+func (s *Store) at(ns int64) time.Time {
+	return s.base.Add(time.Duration(ns))
+}
+
+func (s *Store) shardFor(key storage.Key) *shard {
+	return &s.shards[maphash.Comparable(s.seed, key)&(numShards-1)]
+}

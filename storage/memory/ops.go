@@ -1,0 +1,161 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// The memory store never blocks outside Wait, so its operations ignore ctx.
+
+// Reserve implements storage.Store. A Replay shares the completed Record
+// (see the package documentation); a Conflict's Record carries no Token.
+func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
+	if lease <= 0 {
+		return storage.Reservation{}, fmt.Errorf("memory: reserve: lease %v is not positive", lease)
+	}
+	sh := s.shardFor(key)
+	for {
+		now := s.now()
+		sh.mu.Lock()
+		old := sh.m[key]
+		if old != nil && old.live(now) {
+			res := s.reservation(old, fp)
+			sh.mu.Unlock()
+			return res, nil
+		}
+		// Replacing an expired entry keeps the count; only a new key needs
+		// room.
+		if old == nil && !s.admit() {
+			sh.mu.Unlock()
+			if !s.makeRoom() {
+				return storage.Reservation{}, storage.ErrFull
+			}
+			continue // the key may have appeared meanwhile: look again
+		}
+		e := newEntry(fp, now, int64(lease))
+		sh.m[key] = e
+		if old != nil {
+			old.wake() // taken over: its waiters look again
+		}
+		sh.mu.Unlock()
+		return storage.Reservation{Outcome: storage.Acquired, Token: e.token}, nil
+	}
+}
+
+// Complete implements storage.Store. It keeps resp itself: the caller must
+// not modify it afterwards, since replays hand it out as is.
+func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("memory: complete: ttl %v is not positive", ttl)
+	}
+	if resp == nil {
+		return fmt.Errorf("memory: complete: nil response")
+	}
+	// Built outside the lock to keep the critical section short.
+	rec := &storage.Record{State: storage.Completed, Response: resp}
+	sh := s.shardFor(key)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[key]
+	if e == nil || !e.owns(token) {
+		return storage.ErrLeaseLost
+	}
+	e.expires = now + int64(ttl)
+	rec.Fingerprint = e.fp
+	rec.CreatedAt = s.at(e.created)
+	rec.ExpiresAt = s.at(e.expires)
+	e.rec = rec
+	e.token = 0
+	e.wake()
+	return nil
+}
+
+// Release implements storage.Store.
+func (s *Store) Release(_ context.Context, key storage.Key, token storage.Token) error {
+	sh := s.shardFor(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[key]
+	if e == nil || !e.owns(token) {
+		return storage.ErrLeaseLost
+	}
+	s.remove(sh, key, e)
+	return nil
+}
+
+// Renew implements storage.Store.
+func (s *Store) Renew(_ context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("memory: renew: lease %v is not positive", lease)
+	}
+	sh := s.shardFor(key)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[key]
+	if e == nil || !e.owns(token) {
+		return storage.ErrLeaseLost
+	}
+	e.expires = now + int64(lease)
+	return nil
+}
+
+// Get implements storage.Store. With withBody, a completed record is the
+// shared one (see the package documentation); without, it is a copy whose
+// Response is a shallow copy without Body.
+func (s *Store) Get(_ context.Context, key storage.Key, withBody bool) (*storage.Record, error) {
+	sh := s.shardFor(key)
+	now := s.now()
+	sh.mu.Lock()
+	e := sh.m[key]
+	if e == nil || !e.live(now) {
+		sh.mu.Unlock()
+		return nil, storage.ErrNotFound
+	}
+	if rec := e.rec; rec != nil {
+		sh.mu.Unlock()
+		if withBody {
+			return rec, nil
+		}
+		// rec is immutable, so copying it outside the lock is safe.
+		resp := *rec.Response
+		resp.Body = nil
+		cp := *rec
+		cp.Response = &resp
+		return &cp, nil
+	}
+	rec := &storage.Record{
+		Fingerprint: e.fp,
+		State:       storage.InFlight,
+		Token:       e.token,
+		CreatedAt:   s.at(e.created),
+		ExpiresAt:   s.at(e.expires),
+	}
+	sh.mu.Unlock()
+	return rec, nil
+}
+
+// Delete implements storage.Store.
+func (s *Store) Delete(_ context.Context, key storage.Key) error {
+	sh := s.shardFor(key)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[key]
+	if e == nil || !e.live(now) {
+		return storage.ErrNotFound
+	}
+	s.remove(sh, key, e)
+	return nil
+}
+
+// remove deletes e, held under key, from sh, whose lock the caller holds.
+func (s *Store) remove(sh *shard, key storage.Key, e *entry) {
+	delete(sh.m, key)
+	s.count.Add(-1)
+	e.wake()
+}

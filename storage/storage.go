@@ -1,0 +1,206 @@
+// Package storage defines what an idempotency store keeps and how callers
+// talk to it: the Store interface, the records it holds and the errors callers
+// branch on.
+//
+// It has no Caddy dependency, so anything that needs exactly-once processing
+// of keyed work (an HTTP edge, a queue consumer whose message id is the key)
+// can use the same stores.
+package storage
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"time"
+)
+
+// Errors callers branch on. Any other error from a Store means the backend
+// could not answer (unreachable, timed out, corrupt data).
+var (
+	// ErrNotFound: there is no live record for the key.
+	ErrNotFound = errors.New("idempotency record not found")
+
+	// ErrLeaseLost: the token does not name the key's current lease. The
+	// record was completed, released, deleted or taken over by another
+	// request after the lease lapsed. The caller must not retry the write:
+	// the record now belongs to someone else (fencing).
+	ErrLeaseLost = errors.New("idempotency lease lost")
+
+	// ErrFull: the store refuses a new key because it holds as many live
+	// records as it is allowed to. Live records are never evicted.
+	ErrFull = errors.New("idempotency store is full")
+)
+
+// Key names one record: a client's idempotency key within a client scope.
+type Key struct {
+	// Scope is opaque to stores. The Caddy module sets it to the hex SHA-256
+	// of the evaluated scope template, so raw credentials never reach a store.
+	Scope string
+
+	// ID is the client's idempotency key, unquoted.
+	ID string
+}
+
+// Token names one lease on an in-flight record. Stores create a fresh random
+// token on every successful Reserve; zero never names a lease.
+type Token uint64
+
+// NewToken returns a random non-zero token.
+func NewToken() Token {
+	for {
+		if t := Token(rand.Uint64()); t != 0 {
+			return t
+		}
+	}
+}
+
+// State is the life-cycle state of a record.
+type State uint8
+
+const (
+	// InFlight: a request holds the key under a lease and is running.
+	InFlight State = 1
+	// Completed: the response is recorded and is replayed until it expires.
+	Completed State = 2
+)
+
+func (s State) String() string {
+	switch s {
+	case InFlight:
+		return "in_flight"
+	case Completed:
+		return "completed"
+	}
+	return "unknown"
+}
+
+// Response is a recorded response.
+type Response struct {
+	// Status is the final HTTP status code.
+	Status int
+	// Header holds the end-to-end response headers worth replaying.
+	Header http.Header
+	// Body is the response body; empty when BodyOmitted.
+	Body []byte
+	// BodyOmitted reports that the body was larger than the recording limit
+	// and was not kept. The request ran once; only its status and headers
+	// can be replayed.
+	BodyOmitted bool
+}
+
+// Record is what a store holds for one key.
+type Record struct {
+	// Fingerprint identifies the request that created the record.
+	Fingerprint []byte
+	// State is InFlight or Completed.
+	State State
+	// Token is the current lease of an InFlight record.
+	Token Token
+	// Response is set on Completed records (only when asked for, see Get).
+	Response *Response
+	// CreatedAt is when the current owner reserved the key.
+	CreatedAt time.Time
+	// ExpiresAt is when the lease lapses (InFlight) or when the record
+	// expires (Completed).
+	ExpiresAt time.Time
+}
+
+// Outcome says what Reserve found.
+type Outcome uint8
+
+const (
+	// Acquired: the key was absent, expired, or held by a lapsed lease; the
+	// caller now owns it with Reservation.Token and must Complete or
+	// Release it.
+	Acquired Outcome = iota + 1
+	// Mismatch: a live record exists for another fingerprint, whatever its
+	// state. Reservation.Record is nil.
+	Mismatch
+	// Conflict: a live in-flight record exists for the same fingerprint.
+	// Reservation.Record has its lease expiry, but no Token: a competing
+	// caller never learns the owner's lease.
+	Conflict
+	// Replay: a completed record exists for the same fingerprint.
+	// Reservation.Record carries its Response.
+	Replay
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Acquired:
+		return "acquired"
+	case Mismatch:
+		return "mismatch"
+	case Conflict:
+		return "conflict"
+	case Replay:
+		return "replay"
+	}
+	return "unknown"
+}
+
+// Reservation is the result of Reserve.
+type Reservation struct {
+	Outcome Outcome
+	// Token is the caller's lease when Outcome is Acquired.
+	Token Token
+	// Record is the existing record for Conflict and Replay.
+	Record *Record
+}
+
+// Store keeps idempotency records. Implementations must be safe for
+// concurrent use, by many goroutines and, for shared backends, by many
+// processes; each method is one atomic operation (one round trip where the
+// backend allows). Expired records, and in-flight records whose lease has
+// lapsed, count as absent to Reserve and Get.
+//
+// Leases and TTLs passed in must be positive. Records and Responses that a
+// store returns may be shared with other callers and must be treated as
+// read-only; a store may keep the Response given to Complete, so the caller
+// must not modify it afterwards.
+type Store interface {
+	// Reserve claims key for a new in-flight request with the given
+	// fingerprint and lease, insert-first: of any number of concurrent
+	// callers for an absent key, exactly one gets Acquired. When a live
+	// record exists it reports Mismatch (other fingerprint, checked first),
+	// Conflict (in flight) or Replay (completed).
+	Reserve(ctx context.Context, key Key, fingerprint []byte, lease time.Duration) (Reservation, error)
+
+	// Complete records resp for the lease named by token; the record then
+	// lives for ttl and can no longer change (only expire or be deleted).
+	// ErrLeaseLost when token is not the current lease.
+	Complete(ctx context.Context, key Key, token Token, resp *Response, ttl time.Duration) error
+
+	// Release deletes the in-flight record held by token so that the next
+	// request runs again. ErrLeaseLost when token is not the current lease.
+	Release(ctx context.Context, key Key, token Token) error
+
+	// Renew extends the lease held by token to lease from now.
+	// ErrLeaseLost when token is not the current lease. Only a takeover
+	// fences: a lapsed lease that nobody took over can still be renewed,
+	// completed or released.
+	Renew(ctx context.Context, key Key, token Token, lease time.Duration) error
+
+	// Get returns the live record for key, or ErrNotFound. The response
+	// body is included only when withBody is true.
+	Get(ctx context.Context, key Key, withBody bool) (*Record, error)
+
+	// Delete removes the record for key whatever its state; ErrNotFound
+	// when there is no live record. An in-flight owner then loses its lease.
+	Delete(ctx context.Context, key Key) error
+
+	// Close releases the store's resources.
+	Close() error
+}
+
+// Waiter is implemented by stores that can tell a waiting request when an
+// in-flight record may have changed, instead of having it poll.
+type Waiter interface {
+	// Wait blocks until the record for key may have left the in-flight
+	// state (completed, released, deleted, taken over, or its lease
+	// lapsed), maxWait has passed, or ctx is done. It may return early on
+	// a false alarm (callers look again), but not routinely: with nothing
+	// happening it blocks for about maxWait.
+	Wait(ctx context.Context, key Key, maxWait time.Duration) error
+}

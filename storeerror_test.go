@@ -1,0 +1,126 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// flakyStore makes a real store fail on demand, as an unreachable backend
+// would.
+type flakyStore struct {
+	storage.Store
+	down atomic.Bool
+}
+
+var errUnreachable = errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+
+func (f *flakyStore) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
+	if f.down.Load() {
+		return storage.Reservation{}, errUnreachable
+	}
+	return f.Store.Reserve(ctx, key, fp, lease)
+}
+
+func (f *flakyStore) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
+	if f.down.Load() {
+		return errUnreachable
+	}
+	return f.Store.Complete(ctx, key, token, resp, ttl)
+}
+
+func withFlakyStore(h *Handler) *flakyStore {
+	f := &flakyStore{Store: h.store}
+	h.store, h.waiter = f, nil
+	return f
+}
+
+func TestStoreDownFailClosedAnswers503WithoutRunning(t *testing.T) {
+	h := isolated(t, &Handler{})
+	store := withFlakyStore(h)
+	store.down.Store(true)
+	up := &upstream{}
+	w := serve(h, up, request("k", "{}"))
+	if w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503", w.Code)
+	}
+	if p := problemOf(t, w); p.Type != "urn:caddy-idempotency:store-unavailable" {
+		t.Fatalf("problem %+v", p)
+	}
+	if up.calls.Load() != 0 {
+		t.Fatal("fail_closed ran the upstream")
+	}
+
+	store.down.Store(false) // the store is back: no restart needed
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated {
+		t.Fatalf("after recovery: %d", w.Code)
+	}
+	if w := serve(h, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatal("after recovery: no replay")
+	}
+}
+
+func TestStoreDownFailOpenPassesThrough(t *testing.T) {
+	h := isolated(t, &Handler{OnStorageError: "fail_open"})
+	store := withFlakyStore(h)
+	store.down.Store(true)
+	up := &upstream{}
+	for range 2 {
+		r := request("k", `{"a":1}`)
+		_, repl := servePlaceholders(h, up, r)
+		if o, _ := repl.GetString(placeholderOutcome); o != outcomeStoreError {
+			t.Fatalf("outcome %q", o)
+		}
+	}
+	if up.calls.Load() != 2 {
+		t.Fatalf("fail_open: upstream ran %d times, want 2", up.calls.Load())
+	}
+}
+
+func TestStoreFullAnswers503AndKeepsLiveKeys(t *testing.T) {
+	h := provision(t, &Handler{StorageRaw: []byte(`{"backend":"memory","max_keys":2}`)})
+	up := &upstream{}
+	serve(h, up, request("a", "{}"))
+	serve(h, up, request("b", "{}"))
+	w := serve(h, up, request("c", "{}"))
+	if w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("third key: %d, want 503", w.Code)
+	}
+	if p := problemOf(t, w); p.Type != "urn:caddy-idempotency:store-full" {
+		t.Fatalf("problem %+v", p)
+	}
+	for _, k := range []string{"a", "b"} {
+		if w := serve(h, up, request(k, "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("live key %s was evicted", k)
+		}
+	}
+}
+
+func TestCompletionFailureLeavesKeyUntilLeaseLapses(t *testing.T) {
+	h := isolated(t, &Handler{LockTimeout: caddy.Duration(200 * time.Millisecond)})
+	store := withFlakyStore(h)
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		store.down.Store(true) // the store goes away while the request runs
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}}
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d", w.Code)
+	}
+	store.down.Store(false)
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusConflict {
+		t.Fatalf("retry within the lease: %d, want 409", w.Code)
+	}
+	time.Sleep(500 * time.Millisecond)
+	up.serve = nil
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after the lease lapsed: %d", w.Code)
+	}
+}
