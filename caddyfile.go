@@ -88,6 +88,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(args) == 0 {
 				return d.ArgErr()
 			}
+			if strings.TrimSpace(strings.Join(args, "")) == "" {
+				return d.Err("scope must not be empty; to share keys between all clients, use a constant such as 'global'")
+			}
 			h.Scope = strings.Join(args, " ")
 		case "max_key_length":
 			h.MaxKeyLength, err = intArg(d)
@@ -128,7 +131,14 @@ func (h *Handler) parseStorage(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	name := d.Val()
-	unm, err := caddyfile.UnmarshalModule(d, "http.idempotency.storage."+name)
+	if _, err := caddy.GetModule(storageNamespace + "." + name); err != nil {
+		var known []string
+		for _, m := range caddy.GetModules(storageNamespace) {
+			known = append(known, m.ID.Name())
+		}
+		return d.Errf("unknown storage backend '%s' (available: %s)", name, strings.Join(known, ", "))
+	}
+	unm, err := caddyfile.UnmarshalModule(d, storageNamespace+"."+name)
 	if err != nil {
 		return err
 	}
@@ -201,6 +211,9 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser) error {
 func stringArg(d *caddyfile.Dispenser, dst *string) error {
 	if !d.NextArg() {
 		return d.ArgErr()
+	}
+	if d.Val() == "" {
+		return d.Errf("%s must not be empty", d.Token().Text)
 	}
 	*dst = d.Val()
 	if d.NextArg() {

@@ -458,6 +458,14 @@ func TestCaddyfileErrors(t *testing.T) {
 		{name: "storage memory with an argument", body: []string{"storage memory extra"}, line: 3, want: []string{"wrong argument count", "'extra'"}},
 		{name: "memory max_keys with two values", body: []string{"storage memory {", "\tmax_keys 1 2", "}"}, line: 4, want: []string{"wrong argument count", "'2'"}},
 
+		// A block after an option that takes none is refused (the message
+		// names the brace, on the option's line).
+		{name: "block after ttl", body: []string{"ttl 1h {", "\tfoo bar", "}"}, line: 3, want: []string{"'{'"}},
+		{name: "block after required", body: []string{"required {", "}"}, line: 3, want: []string{"'{'"}},
+		{name: "block after in_flight wait", body: []string{"in_flight wait {", "\ttimeout 5s", "}"}, line: 3, want: []string{"'{'"}},
+		{name: "block after fingerprint headers", body: []string{"fingerprint {", "\theaders A {", "\t\tB", "\t}", "}"}, line: 4, want: []string{"'{'"}},
+		{name: "block after memory max_keys", body: []string{"storage memory {", "\tmax_keys 5 {", "\t}", "}"}, line: 4, want: []string{"'{'"}},
+
 		// Durations.
 		{name: "invalid ttl", body: []string{"ttl soon"}, line: 3, want: []string{"ttl", "invalid duration", "'soon'"}},
 		{name: "ttl without unit", body: []string{"ttl 5"}, line: 3, want: []string{"ttl", "invalid duration", "'5'"}},
@@ -504,7 +512,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{name: "bad canonical_json", body: []string{"fingerprint {", "\tcanonical_json yes", "}"}, line: 4, want: []string{"canonical_json", "true", "false", "'yes'"}},
 
 		// Storage backends.
-		{name: "unknown storage backend", body: []string{"storage nosuch"}, line: 3, want: []string{"nosuch", "http.idempotency.storage.nosuch"}},
+		{name: "unknown storage backend", body: []string{"storage nosuch"}, line: 3, want: []string{"unknown storage backend 'nosuch'", "available: memory"}},
 		{name: "unknown storage backend with block", body: []string{"storage nosuch {", "\tfoo bar", "}"}, line: 3, want: []string{"nosuch"}},
 	}
 	for _, tt := range tests {
@@ -516,5 +524,15 @@ func TestCaddyfileErrors(t *testing.T) {
 			_, err := cfParse(input)
 			cfCheckErr(t, err, tt.line, tt.want...)
 		})
+	}
+}
+
+func TestCaddyfileRejectsEmptyValues(t *testing.T) {
+	for _, opt := range []string{`scope ""`, `header ""`, `replay_header ""`, `docs_url ""`} {
+		d := caddyfile.NewTestDispenser("idempotency {\n" + opt + "\n}")
+		err := new(Handler).UnmarshalCaddyfile(d)
+		if err == nil || !strings.Contains(err.Error(), "must not be empty") {
+			t.Errorf("%s: err %v, want a 'must not be empty' error", opt, err)
+		}
 	}
 }

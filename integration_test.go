@@ -75,6 +75,9 @@ func loadCaddyfile(t *testing.T, port int, site string) string {
 	auto_https off
 	persist_config off
 	http_port %d
+	log {
+		level ERROR
+	}
 }
 
 http://127.0.0.1:%d {

@@ -164,6 +164,9 @@ type FingerprintConfig struct {
 	CanonicalJSON *bool `json:"canonical_json,omitempty"`
 }
 
+// storageNamespace is where storage backends register.
+const storageNamespace = "http.idempotency.storage"
+
 // StorageBackend is implemented by the guest modules in namespace
 // http.idempotency.storage. Store is valid from Provision to Cleanup.
 type StorageBackend interface {
@@ -259,7 +262,7 @@ func (h *Handler) loadStorage(ctx caddy.Context) error {
 	if h.StorageRaw != nil {
 		mod, err = ctx.LoadModule(h, "StorageRaw")
 	} else {
-		mod, err = ctx.LoadModuleByID("http.idempotency.storage.memory", nil)
+		mod, err = ctx.LoadModuleByID(storageNamespace+".memory", nil)
 	}
 	if err != nil {
 		return fmt.Errorf("loading idempotency storage: %w", err)

@@ -1,0 +1,50 @@
+# Everyday targets:
+#   make run     Caddy with this module on Caddyfile.example (memory store)
+#   make test    every test, against real Redis and PostgreSQL (started if needed),
+#                plus the documented xcaddy build
+#   make fuzz    longer fuzzing runs (FUZZTIME per target, default 1m)
+
+GO           ?= go
+GOBIN        := $(shell $(GO) env GOPATH)/bin
+XCADDY       := $(GOBIN)/xcaddy
+CADDY_VERSION := v2.11.9
+MODULE       := github.com/caddy-idempotency/caddy-idempotency
+# A pinned pseudo-version keeps the Go command from asking the module proxy
+# about this (unpublished) module; see xcaddy.md.
+PSEUDO       := v0.0.0-00010101000000-000000000000
+FUZZTIME     ?= 1m
+
+.PHONY: run test services unit build check-build fuzz
+
+run:
+	$(GO) run ./cmd/caddy run --config Caddyfile.example
+
+test: services unit check-build
+
+services:
+	bash scripts/services.sh
+
+unit:
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+$(XCADDY):
+	$(GO) install github.com/caddyserver/xcaddy/cmd/xcaddy@v0.4.5
+
+# Builds bin/caddy exactly as xcaddy.md tells users to.
+build: $(XCADDY)
+	$(XCADDY) build $(CADDY_VERSION) --output bin/caddy --with $(MODULE)@$(PSEUDO)=.
+
+check-build: build
+	bin/caddy list-modules > bin/modules.txt
+	@for m in http.handlers.idempotency http.idempotency.storage.memory; do \
+		grep -qx "$$m" bin/modules.txt || { echo "bin/caddy lacks module $$m"; exit 1; }; \
+	done
+	@for f in Caddyfile.example; do \
+		echo "caddy adapt --config $$f"; \
+		bin/caddy adapt --config $$f > /dev/null || exit 1; \
+		bin/caddy validate --config $$f 2> bin/validate.log || { cat bin/validate.log; exit 1; }; \
+	done
+
+fuzz:
+	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME)

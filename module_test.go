@@ -1,0 +1,399 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
+)
+
+// mtContext returns a fresh Caddy context. It is cancelled when the test
+// ends (which cleans up the guest storage modules loaded with it); cancel
+// may also be called earlier, and more than once.
+func mtContext(t *testing.T) (caddy.Context, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	return ctx, cancel
+}
+
+// mtProvision provisions and validates h, as caddy.Context.LoadModule
+// would, and returns the first error.
+func mtProvision(t *testing.T, ctx caddy.Context, h *Handler) error {
+	t.Helper()
+	if err := h.Provision(ctx); err != nil {
+		return err
+	}
+	return h.Validate()
+}
+
+// mtFromJSON decodes a handler's JSON config the way Caddy does.
+func mtFromJSON(t *testing.T, config string) *Handler {
+	t.Helper()
+	h := new(Handler)
+	if err := caddy.StrictUnmarshalJSON([]byte(config), h); err != nil {
+		t.Fatalf("decoding %s: %v", config, err)
+	}
+	return h
+}
+
+func TestProvisionDefaults(t *testing.T) {
+	ctx, _ := mtContext(t)
+	h := new(Handler)
+	if err := mtProvision(t, ctx, h); err != nil {
+		t.Fatal(err)
+	}
+
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"ttl", time.Duration(h.TTL), 24 * time.Hour},
+		{"lock_timeout", time.Duration(h.LockTimeout), 30 * time.Second},
+		{"methods", h.Methods, []string{"POST", "PATCH"}},
+		{"methods (effective)", h.methods, []string{"POST", "PATCH"}},
+		{"header", h.Header, "Idempotency-Key"},
+		{"header (effective)", h.headerKey, "Idempotency-Key"},
+		{"required", h.Required, false},
+		{"scope", h.Scope, "{http.request.host} {http.request.header.Authorization}"},
+		{"max_key_length", h.MaxKeyLength, 255},
+		{"max_body_size", h.MaxBodySize, int64(1 << 20)},
+		{"max_response_size", h.MaxResponseSize, int64(1 << 20)},
+		{"fingerprint.headers", h.Fingerprint.Headers, []string{"Content-Type"}},
+		{"fingerprint.canonical_json (effective)", h.fingerprint.CanonicalJSON(), true},
+		{"release_on", h.ReleaseOn, []string{"5xx"}},
+		{"in_flight", h.InFlight, "reject"},
+		{"wait_timeout", time.Duration(h.WaitTimeout), 10 * time.Second},
+		{"on_storage_error", h.OnStorageError, "fail_closed"},
+		{"replay_header (effective)", h.replayHeader, "Idempotent-Replayed"},
+		{"docs_url", h.DocsURL, ""},
+		{"storage backend", h.backend, "memory"},
+	}
+	for _, c := range checks {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s = %#v, want %#v", c.name, c.got, c.want)
+		}
+	}
+
+	for _, code := range []int{500, 502, 503, 599} {
+		if !h.releaseOn.has(code) {
+			t.Errorf("default release_on does not free the key on %d", code)
+		}
+	}
+	for _, code := range []int{200, 201, 204, 301, 400, 409, 422, 429, 499} {
+		if h.releaseOn.has(code) {
+			t.Errorf("default release_on frees the key on %d", code)
+		}
+	}
+
+	if _, ok := h.store.(*memory.Store); !ok {
+		t.Errorf("default store is %T, want *memory.Store", h.store)
+	}
+	if h.waiter == nil {
+		t.Error("the memory store can notify waiters, but h.waiter is nil")
+	}
+
+	// The default store is the memory store with the default max_keys.
+	explicit := mtFromJSON(t, `{"storage":{"backend":"memory","max_keys":1000000}}`)
+	if err := mtProvision(t, ctx, explicit); err != nil {
+		t.Fatal(err)
+	}
+	if explicit.store != h.store {
+		t.Error("no storage and memory with max_keys 1000000 got different stores")
+	}
+}
+
+func TestProvisionKeepsExplicitValues(t *testing.T) {
+	ctx, _ := mtContext(t)
+	h := mtFromJSON(t, `{
+		"storage": {"backend": "memory", "max_keys": 424201},
+		"ttl": "1h",
+		"lock_timeout": 5000000000,
+		"methods": ["post", "Put"],
+		"header": "x-request-key",
+		"required": true,
+		"scope": "{http.request.header.X-Tenant}",
+		"max_key_length": 64,
+		"max_body_size": 2048,
+		"max_response_size": 4096,
+		"fingerprint": {"headers": ["X-Tenant"], "canonical_json": false},
+		"release_on": ["429", "5xx"],
+		"in_flight": "wait",
+		"wait_timeout": "3s",
+		"on_storage_error": "fail_open",
+		"replay_header": "x-replayed",
+		"docs_url": "https://api.example.com/docs#idempotency"
+	}`)
+	if err := mtProvision(t, ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"ttl", time.Duration(h.TTL), time.Hour},
+		{"lock_timeout", time.Duration(h.LockTimeout), 5 * time.Second},
+		{"methods (effective)", h.methods, []string{"POST", "PUT"}},
+		{"header (effective)", h.headerKey, "X-Request-Key"},
+		{"required", h.Required, true},
+		{"scope", h.Scope, "{http.request.header.X-Tenant}"},
+		{"max_key_length", h.MaxKeyLength, 64},
+		{"max_body_size", h.MaxBodySize, int64(2048)},
+		{"max_response_size", h.MaxResponseSize, int64(4096)},
+		{"fingerprint.headers", h.Fingerprint.Headers, []string{"X-Tenant"}},
+		{"fingerprint.canonical_json (effective)", h.fingerprint.CanonicalJSON(), false},
+		{"in_flight", h.InFlight, "wait"},
+		{"wait_timeout", time.Duration(h.WaitTimeout), 3 * time.Second},
+		{"on_storage_error", h.OnStorageError, "fail_open"},
+		{"replay_header (effective)", h.replayHeader, "X-Replayed"},
+		{"docs_url", h.DocsURL, "https://api.example.com/docs#idempotency"},
+		{"storage backend", h.backend, "memory"},
+		{"release_on 429", h.releaseOn.has(429), true},
+		{"release_on 503", h.releaseOn.has(503), true},
+		{"release_on 409", h.releaseOn.has(409), false},
+	}
+	for _, c := range checks {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s = %#v, want %#v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestProvisionReplayHeaderOff(t *testing.T) {
+	ctx, _ := mtContext(t)
+	h := mtFromJSON(t, `{"replay_header":"off"}`)
+	if err := mtProvision(t, ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if h.replayHeader != "" {
+		t.Errorf("replay_header off: effective header %q, want none", h.replayHeader)
+	}
+}
+
+func TestProvisionInvalidConfig(t *testing.T) {
+	tests := []struct {
+		name   string
+		config string
+		want   []string
+	}{
+		{"negative ttl", `{"ttl":"-1s"}`, []string{"ttl", "positive", "-1s"}},
+		{"negative lock_timeout", `{"lock_timeout":"-30s"}`, []string{"lock_timeout", "positive", "-30s"}},
+		{"negative wait_timeout", `{"in_flight":"wait","wait_timeout":"-2s"}`, []string{"wait_timeout", "positive", "-2s"}},
+		{"negative max_key_length", `{"max_key_length":-1}`, []string{"max_key_length", "positive", "-1"}},
+		{"negative max_body_size", `{"max_body_size":-1}`, []string{"max_body_size", "positive", "-1"}},
+		{"negative max_response_size", `{"max_response_size":-1}`, []string{"max_response_size", "positive", "-1"}},
+		{"method with a space", `{"methods":["PO ST"]}`, []string{"methods", `"PO ST"`}},
+		{"method with a slash", `{"methods":["POST","GET/1"]}`, []string{"methods", `"GET/1"`}},
+		{"empty method", `{"methods":["POST",""]}`, []string{"methods", `""`}},
+		{"header with a space", `{"header":"Idempotency Key"}`, []string{"header", `"Idempotency Key"`}},
+		{"header with a colon", `{"header":"Idempotency-Key:"}`, []string{"header", `"Idempotency-Key:"`}},
+		{"fingerprint header with a space", `{"fingerprint":{"headers":["X Tenant"]}}`, []string{"fingerprint headers", `"X Tenant"`}},
+		{"replay_header with a space", `{"replay_header":"Was Replayed"}`, []string{"replay_header", `"Was Replayed"`}},
+		{"docs_url not a URL", `{"docs_url":"not a url"}`, []string{"docs_url", `"not a url"`}},
+		{"docs_url relative", `{"docs_url":"/docs/idempotency"}`, []string{"docs_url", `"/docs/idempotency"`}},
+		{"docs_url without host", `{"docs_url":"https://"}`, []string{"docs_url", `"https://"`}},
+		{"docs_url unparsable", `{"docs_url":"http://[::1"}`, []string{"docs_url", `"http://[::1"`}},
+		{"release_on 6xx", `{"release_on":["6xx"]}`, []string{"release_on", `"6xx"`}},
+		{"release_on 1xx", `{"release_on":["1xx"]}`, []string{"release_on", `"1xx"`}},
+		{"release_on 99", `{"release_on":["5xx","99"]}`, []string{"release_on", `"99"`}},
+		{"release_on abc", `{"release_on":["abc"]}`, []string{"release_on", `"abc"`}},
+		{"release_on empty string", `{"release_on":[""]}`, []string{"release_on", `""`}},
+		{"in_flight sometimes", `{"in_flight":"sometimes"}`, []string{"in_flight", "reject", "wait", `"sometimes"`}},
+		{"on_storage_error maybe", `{"on_storage_error":"maybe"}`, []string{"on_storage_error", "fail_closed", "fail_open", `"maybe"`}},
+		{"unknown storage backend", `{"storage":{"backend":"nosuch"}}`, []string{"storage", "nosuch"}},
+		{"storage without backend", `{"storage":{"max_keys":5}}`, []string{"storage", "backend"}},
+		{"memory max_keys negative", `{"storage":{"backend":"memory","max_keys":-1}}`, []string{"max_keys", "positive", "-1"}},
+		{"memory unknown field", `{"storage":{"backend":"memory","max_key":5}}`, []string{"storage", "max_key"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, _ := mtContext(t)
+			h := mtFromJSON(t, tt.config)
+			err := mtProvision(t, ctx, h)
+			if err == nil {
+				t.Fatalf("%s: no error, want one mentioning %q", tt.config, tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%s: error %q does not mention %q", tt.config, err, w)
+				}
+			}
+			// Cleanup must cope with a handler whose Provision failed,
+			// as Caddy calls it then.
+			if err := h.Cleanup(); err != nil {
+				t.Errorf("Cleanup after failed Provision: %v", err)
+			}
+		})
+	}
+}
+
+func TestValidateBeforeProvision(t *testing.T) {
+	h := new(Handler)
+	if err := h.Validate(); err == nil {
+		t.Error("Validate on an unprovisioned handler: no error")
+	}
+	if err := h.Cleanup(); err != nil {
+		t.Errorf("Cleanup on an unprovisioned handler: %v", err)
+	}
+}
+
+// mtMemoryConfig is a handler config on the memory store with max_keys n.
+// Tests use their own n: handlers with the same n share one store.
+func mtMemoryConfig(n string, extra string) string {
+	return `{"storage":{"backend":"memory","max_keys":` + n + `}` + extra + `}`
+}
+
+func TestProvisionSharesMemoryStore(t *testing.T) {
+	ctx1, _ := mtContext(t)
+	ctx2, _ := mtContext(t)
+
+	a := mtFromJSON(t, mtMemoryConfig("424301", `,"ttl":"1h"`))
+	b := mtFromJSON(t, mtMemoryConfig("424301", `,"ttl":"48h","required":true`))
+	c := mtFromJSON(t, mtMemoryConfig("424302", ""))
+	for _, h := range []*Handler{a, b} {
+		if err := mtProvision(t, ctx1, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := mtProvision(t, ctx2, c); err != nil {
+		t.Fatal(err)
+	}
+	if a.store == nil || a.store != b.store {
+		t.Errorf("same memory config, different stores: %p and %p", a.store, b.store)
+	}
+	if a.store == c.store {
+		t.Error("different max_keys, same store")
+	}
+}
+
+// TestProvisionStoreSurvivesReload plays a config reload: Caddy provisions
+// the new config before it cleans up the old one, so the memory store and
+// its records carry over.
+func TestProvisionStoreSurvivesReload(t *testing.T) {
+	const maxKeys = "424401"
+	bg := context.Background()
+	key := storage.Key{Scope: "scope", ID: "reload-key"}
+	fp := []byte("fingerprint")
+
+	oldCtx, cancelOld := mtContext(t)
+	old := mtFromJSON(t, mtMemoryConfig(maxKeys, ""))
+	if err := mtProvision(t, oldCtx, old); err != nil {
+		t.Fatal(err)
+	}
+	res, err := old.store.Reserve(bg, key, fp, time.Minute)
+	if err != nil || res.Outcome != storage.Acquired {
+		t.Fatalf("Reserve = %v, %v; want acquired", res.Outcome, err)
+	}
+	resp := &storage.Response{Status: http.StatusCreated, Header: http.Header{"X-Order": {"42"}}, Body: []byte(`{"order":42}`)}
+	if err := old.store.Complete(bg, key, res.Token, resp, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+
+	// Reload: the new config is provisioned, then the old one cleaned up.
+	newCtx, cancelNew := mtContext(t)
+	cur := mtFromJSON(t, mtMemoryConfig(maxKeys, `,"ttl":"2h"`))
+	if err := mtProvision(t, newCtx, cur); err != nil {
+		t.Fatal(err)
+	}
+	if cur.store != old.store {
+		t.Fatal("the reloaded config got a new store")
+	}
+	cancelOld()
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+
+	rec, err := cur.store.Get(bg, key, true)
+	if err != nil {
+		t.Fatalf("Get after the old config was cleaned up: %v", err)
+	}
+	if rec.Response == nil || rec.Response.Status != http.StatusCreated || string(rec.Response.Body) != `{"order":42}` {
+		t.Errorf("record after reload = %+v", rec)
+	}
+	res, err = cur.store.Reserve(bg, key, fp, time.Minute)
+	if err != nil || res.Outcome != storage.Replay {
+		t.Errorf("Reserve after reload = %v, %v; want replay", res.Outcome, err)
+	}
+	res, err = cur.store.Reserve(bg, storage.Key{Scope: "scope", ID: "another"}, fp, time.Minute)
+	if err != nil || res.Outcome != storage.Acquired {
+		t.Errorf("Reserve of a new key after reload = %v, %v; want acquired", res.Outcome, err)
+	}
+
+	// A second reload still finds the same store.
+	nextCtx, cancelNext := mtContext(t)
+	next := mtFromJSON(t, mtMemoryConfig(maxKeys, ""))
+	if err := mtProvision(t, nextCtx, next); err != nil {
+		t.Fatal(err)
+	}
+	if next.store != cur.store {
+		t.Error("the second reload got a new store")
+	}
+
+	// Once every config using it is gone, the store goes too: the next
+	// config starts empty.
+	cancelNew()
+	cancelNext()
+	freshCtx, _ := mtContext(t)
+	fresh := mtFromJSON(t, mtMemoryConfig(maxKeys, ""))
+	if err := mtProvision(t, freshCtx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	if fresh.store == cur.store {
+		t.Error("the store outlived every config that used it")
+	}
+	if _, err := fresh.store.Get(bg, key, false); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("Get on the new store = %v, want ErrNotFound", err)
+	}
+}
+
+// TestProvisionFailureHoldsNoStore checks that a handler whose Provision
+// fails keeps no reference to a pooled store: when the last working
+// config goes, the store goes with it.
+func TestProvisionFailureHoldsNoStore(t *testing.T) {
+	const maxKeys = "424501"
+	bg := context.Background()
+	key := storage.Key{Scope: "scope", ID: "k"}
+
+	ctx1, cancel1 := mtContext(t)
+	good := mtFromJSON(t, mtMemoryConfig(maxKeys, ""))
+	if err := mtProvision(t, ctx1, good); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := good.store.Reserve(bg, key, []byte("fp"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	first := good.store
+
+	// Same storage, invalid settings: refused before or after taking the
+	// store, it must not keep it.
+	for _, extra := range []string{`,"in_flight":"sometimes"`, `,"ttl":"-1s"`} {
+		ctx, cancel := mtContext(t)
+		bad := mtFromJSON(t, mtMemoryConfig(maxKeys, extra))
+		if err := mtProvision(t, ctx, bad); err == nil {
+			t.Fatalf("config with %s: no error", extra)
+		}
+		_ = bad.Cleanup()
+		cancel()
+	}
+
+	cancel1()
+	ctx2, _ := mtContext(t)
+	again := mtFromJSON(t, mtMemoryConfig(maxKeys, ""))
+	if err := mtProvision(t, ctx2, again); err != nil {
+		t.Fatal(err)
+	}
+	if again.store == first {
+		t.Fatal("after every config using it was cleaned up, the store is still pooled: a failed Provision kept a reference")
+	}
+	if _, err := again.store.Get(bg, key, false); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("Get on the new store = %v, want ErrNotFound", err)
+	}
+}
