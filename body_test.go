@@ -49,7 +49,7 @@ func TestOversizeBodyIsRejectedWithoutRunning(t *testing.T) {
 	if up.calls.Load() != 0 {
 		t.Fatalf("upstream ran %d times for oversize bodies", up.calls.Load())
 	}
-	if n := h.store.(interface{ Len() int }).Len(); n != 0 {
+	if n := records(h); n != 0 {
 		t.Fatalf("oversize bodies left %d records", n)
 	}
 	if w := serve(h, up, request("k", strings.Repeat("x", 16))); w.Code != http.StatusCreated {

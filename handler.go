@@ -63,19 +63,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	values := r.Header[h.headerKey]
 	if len(values) == 0 {
 		if h.Required {
-			return h.reject(w, repl, outcomeMissing, problemKeyMissing,
+			return h.reject(w, r, repl, outcomeMissing, problemKeyMissing,
 				fmt.Sprintf("this endpoint requires an %s header with a unique key per operation", h.Header))
 		}
-		repl.Set(placeholderOutcome, outcomePassed)
+		h.settle(r, repl, outcomePassed)
 		return next.ServeHTTP(w, r)
 	}
 	id, err := fingerprint.ParseKey(values, h.MaxKeyLength)
 	if err != nil {
-		return h.reject(w, repl, outcomeInvalid, problemKeyInvalid, h.keyDetail(err))
+		return h.reject(w, r, repl, outcomeInvalid, problemKeyInvalid, h.keyDetail(err))
 	}
 	scope := repl.ReplaceAll(h.Scope, "")
 	if strings.TrimSpace(scope) == "" {
-		return h.reject(w, repl, outcomeInvalid, problemKeyInvalid,
+		return h.reject(w, r, repl, outcomeInvalid, problemKeyInvalid,
 			"the request carries no client identity to scope the key to")
 	}
 	key := storage.Key{Scope: hashHex(scope), ID: id}
@@ -83,7 +83,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	body, err := readBody(r, h.MaxBodySize)
 	if errors.Is(err, errBodyTooLarge) {
-		return h.reject(w, repl, outcomeTooLarge, problemTooLarge,
+		return h.reject(w, r, repl, outcomeTooLarge, problemTooLarge,
 			fmt.Sprintf("requests with an %s may carry at most %d bytes", h.Header, h.MaxBodySize))
 	}
 	if err != nil {
@@ -97,7 +97,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// Store calls outlive the client: a reservation made for a client that
 	// hung up mid-call must still be answered for.
 	ctx := context.WithoutCancel(r.Context())
-	res, err := h.store.Reserve(ctx, key, fp, time.Duration(h.LockTimeout))
+	res, err := h.ops.Reserve(ctx, key, fp, time.Duration(h.LockTimeout))
 	if err != nil {
 		return h.storeFailed(w, r, next, repl, key, err)
 	}
@@ -113,11 +113,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case storage.Acquired:
 		return h.execute(w, r, next, repl, key, res.Token)
 	case storage.Mismatch:
-		return h.reject(w, repl, outcomeMismatch, problemMismatch,
+		return h.reject(w, r, repl, outcomeMismatch, problemMismatch,
 			fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.Header))
 	case storage.Conflict:
 		w.Header().Set("Retry-After", conflictRetryAfter)
-		return h.reject(w, repl, outcomeConflict, problemConflict,
+		return h.reject(w, r, repl, outcomeConflict, problemConflict,
 			"the first request with this key is still being processed; retry later")
 	case storage.Replay:
 		return h.replay(w, r, repl, res.Record.Response, outcome)
@@ -129,7 +129,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // response to the client while recording it, then completes or releases
 // the record.
 func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, key storage.Key, token storage.Token) error {
-	h.setOutcome(repl, outcomeNew, key)
+	h.settle(r, repl, outcomeNew)
+	metrics.inFlight.Inc()
+	defer metrics.inFlight.Dec()
 	l := h.holdLease(key, token)
 	rec := newRecorder(w, h.MaxResponseSize)
 
@@ -174,7 +176,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 
 // replay answers with a recorded response.
 func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, resp *storage.Response, outcome string) error {
-	repl.Set(placeholderOutcome, outcome)
+	h.settle(r, repl, outcome)
 	hdr := w.Header()
 	for name, values := range resp.Header {
 		// Clipped, so that an outer handler appending a value copies the
@@ -188,7 +190,6 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		hdr.Del("Content-Length")
 		hdr.Set(bodyOmittedHeader, "true")
 	}
-	h.logOutcome(r, outcome)
 	w.WriteHeader(resp.Status)
 	if r.Method != http.MethodHead && len(resp.Body) > 0 {
 		_, _ = w.Write(resp.Body) // a client gone mid-replay loses nothing
@@ -215,7 +216,7 @@ func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res sto
 			pause = min(2*pause, 250*time.Millisecond)
 		}
 		var err error
-		if res, err = h.store.Reserve(storeCtx, key, fp, time.Duration(h.LockTimeout)); err != nil {
+		if res, err = h.ops.Reserve(storeCtx, key, fp, time.Duration(h.LockTimeout)); err != nil {
 			return res, err
 		}
 	}
@@ -226,34 +227,49 @@ func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res sto
 func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, key storage.Key, err error) error {
 	if errors.Is(err, storage.ErrFull) {
 		h.logger.Error("idempotency store is full; rejecting a new key", zap.String("key_hash", keyHash(key)))
-		return h.reject(w, repl, outcomeStoreError, problemStoreFull,
+		return h.reject(w, r, repl, outcomeStoreError, problemStoreFull,
 			"too many requests are being tracked; retry later")
 	}
 	if h.OnStorageError == failOpen {
 		h.logger.Warn("idempotency store unavailable; passing the request on without idempotency (fail_open)",
 			zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.Error(err))
-		repl.Set(placeholderOutcome, outcomeStoreError)
+		h.settle(r, repl, outcomeStoreError)
 		return next.ServeHTTP(w, r)
 	}
 	h.logger.Error("idempotency store unavailable; rejecting the request (fail_closed)",
 		zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.Error(err))
-	return h.reject(w, repl, outcomeStoreError, problemStoreDown,
+	return h.reject(w, r, repl, outcomeStoreError, problemStoreDown,
 		"the request was not processed; retry later with the same key")
 }
 
 // reject answers with a problem response and records the outcome.
-func (h *Handler) reject(w http.ResponseWriter, repl *caddy.Replacer, outcome string, p problem, detail string) error {
-	repl.Set(placeholderOutcome, outcome)
-	if c := h.logger.Check(zapcore.DebugLevel, "idempotency request rejected"); c != nil {
-		kh, _ := repl.GetString(placeholderKeyHash)
-		c.Write(zap.String("outcome", outcome), zap.Int("status", p.status), zap.String("key_hash", kh), zap.String("detail", detail))
-	}
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, outcome string, p problem, detail string) error {
+	h.settle(r, repl, outcome)
 	return h.writeProblem(w, p, detail)
+}
+
+// settle records how the handler answers a request it owns: in the
+// {http.idempotency.outcome} placeholder (which also marks the request as
+// owned, for inner idempotency handlers), the requests counter, the access
+// log and a debug log.
+func (h *Handler) settle(r *http.Request, repl *caddy.Replacer, outcome string) {
+	repl.Set(placeholderOutcome, outcome)
+	countOutcome(outcome)
+	kh, _ := repl.GetString(placeholderKeyHash)
+	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+		extra.Add(zap.String("idempotency_outcome", outcome))
+		if kh != "" {
+			extra.Add(zap.String("idempotency_key_hash", kh))
+		}
+	}
+	if c := h.logger.Check(zapcore.DebugLevel, "idempotency outcome"); c != nil {
+		c.Write(zap.String("outcome", outcome), zap.String("key_hash", kh))
+	}
 }
 
 // complete records resp as the answer for key.
 func (h *Handler) complete(key storage.Key, token storage.Token, resp *storage.Response) {
-	err := h.store.Complete(context.Background(), key, token, resp, time.Duration(h.TTL))
+	err := h.ops.Complete(context.Background(), key, token, resp, time.Duration(h.TTL))
 	switch {
 	case errors.Is(err, storage.ErrLeaseLost):
 		h.logger.Warn("idempotency lease was lost before the response could be recorded; a retry may run again",
@@ -266,7 +282,7 @@ func (h *Handler) complete(key storage.Key, token storage.Token, resp *storage.R
 
 // release frees key so that a retry runs again.
 func (h *Handler) release(key storage.Key, token storage.Token, why string) {
-	err := h.store.Release(context.Background(), key, token)
+	err := h.ops.Release(context.Background(), key, token)
 	switch {
 	case errors.Is(err, storage.ErrLeaseLost):
 		// Someone else holds the key now; nothing of ours to free.
@@ -277,20 +293,6 @@ func (h *Handler) release(key storage.Key, token storage.Token, why string) {
 		if c := h.logger.Check(zapcore.DebugLevel, "idempotency key released"); c != nil {
 			c.Write(zap.String("key_hash", keyHash(key)), zap.String("reason", why))
 		}
-	}
-}
-
-func (h *Handler) setOutcome(repl *caddy.Replacer, outcome string, key storage.Key) {
-	repl.Set(placeholderOutcome, outcome)
-	if c := h.logger.Check(zapcore.DebugLevel, "idempotency key reserved"); c != nil {
-		c.Write(zap.String("outcome", outcome), zap.String("key_hash", keyHash(key)))
-	}
-}
-
-func (h *Handler) logOutcome(r *http.Request, outcome string) {
-	if c := h.logger.Check(zapcore.DebugLevel, "idempotent response replayed"); c != nil {
-		kh, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer).GetString(placeholderKeyHash)
-		c.Write(zap.String("outcome", outcome), zap.String("key_hash", kh))
 	}
 }
 

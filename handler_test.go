@@ -250,7 +250,7 @@ func TestInvalidKeysAreRejected(t *testing.T) {
 	if up.calls.Load() != 0 {
 		t.Fatalf("upstream ran %d times for invalid keys", up.calls.Load())
 	}
-	if n := h.store.(interface{ Len() int }).Len(); n != 0 {
+	if n := records(h); n != 0 {
 		t.Fatalf("invalid keys left %d records", n)
 	}
 }
@@ -429,7 +429,7 @@ func TestOuterHandlerOwnsTheRequest(t *testing.T) {
 	if w.Code != http.StatusCreated {
 		t.Fatalf("inner handler acted on a request the outer one owns: %d %s", w.Code, w.Body.String())
 	}
-	if n := inner.store.(interface{ Len() int }).Len(); n != 0 {
+	if n := records(inner); n != 0 {
 		t.Fatalf("inner handler stored %d records", n)
 	}
 }

@@ -130,3 +130,8 @@ func eventually(t *testing.T, within time.Duration, cond func() bool) bool {
 	}
 	return cond()
 }
+
+// records counts what a handler's memory store holds.
+func records(h *Handler) int {
+	return h.store.(interface{ Len() int }).Len()
+}

@@ -38,7 +38,7 @@ func (h *Handler) holdLease(key storage.Key, token storage.Token) *lease {
 
 func (l *lease) renew() {
 	ctx, cancel := context.WithTimeout(context.Background(), l.every)
-	err := l.h.store.Renew(ctx, l.key, l.token, time.Duration(l.h.LockTimeout))
+	err := l.h.ops.Renew(ctx, l.key, l.token, time.Duration(l.h.LockTimeout))
 	cancel()
 	switch {
 	case errors.Is(err, storage.ErrLeaseLost):

@@ -139,7 +139,8 @@ type Handler struct {
 	// responses with `Link: <url>; rel="describedby"`.
 	DocsURL string `json:"docs_url,omitempty"`
 
-	store        storage.Store
+	store        storage.Store  // the shared store
+	ops          storage.Store  // store, timed for the latency metric: what requests use
 	waiter       storage.Waiter // nil when the store cannot notify
 	backend      string
 	methods      []string
@@ -184,6 +185,9 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision fills in defaults and loads the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 
 	if h.TTL == 0 {
 		h.TTL = caddy.Duration(defaultTTL)
@@ -271,9 +275,10 @@ func (h *Handler) loadStorage(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("module %T is not an idempotency storage backend", mod)
 	}
+	h.backend = mod.(caddy.Module).CaddyModule().ID.Name()
 	h.store = backend.Store()
 	h.waiter, _ = h.store.(storage.Waiter)
-	h.backend = mod.(caddy.Module).CaddyModule().ID.Name()
+	h.ops = newTimedStore(h.store, h.backend)
 	return nil
 }
 
@@ -344,7 +349,7 @@ func (h *Handler) validateSettings() error {
 // up by Caddy with the rest of the config. It tolerates a half-provisioned
 // handler.
 func (h *Handler) Cleanup() error {
-	h.store, h.waiter = nil, nil
+	h.store, h.ops, h.waiter = nil, nil, nil
 	return nil
 }
 

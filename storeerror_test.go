@@ -38,7 +38,7 @@ func (f *flakyStore) Complete(ctx context.Context, key storage.Key, token storag
 
 func withFlakyStore(h *Handler) *flakyStore {
 	f := &flakyStore{Store: h.store}
-	h.store, h.waiter = f, nil
+	h.store, h.ops, h.waiter = f, f, nil
 	return f
 }
 

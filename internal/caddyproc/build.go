@@ -1,0 +1,54 @@
+// Package caddyproc runs real Caddy processes built from this checkout, and
+// a counting upstream, for the end-to-end tests (e2e/) and the load
+// benchmark (bench/). It is not part of the module's API.
+package caddyproc
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// Build compiles cmd/caddy (Caddy's standard modules plus this module) from
+// the checkout into dir and returns the binary's path.
+func Build(dir string) (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "caddy")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
+	cmd.Dir = root
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/caddy: %v\n%s", err, out.String())
+	}
+	return bin, nil
+}
+
+// moduleRoot is the directory holding this module's go.mod.
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %v", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == "/dev/null" {
+		return "", fmt.Errorf("not inside the module")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// FreePort returns a TCP port on loopback that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
