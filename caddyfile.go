@@ -21,8 +21,11 @@ func init() {
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	m := new(Handler)
-	err := m.UnmarshalCaddyfile(h.Dispenser)
-	return m, err
+	if err := m.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	m.applyGlobalOptions(h.Option("idempotency"))
+	return m, nil
 }
 
 // UnmarshalCaddyfile parses the idempotency directive:

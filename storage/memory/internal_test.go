@@ -85,3 +85,16 @@ func TestWaiterWakesOnSweep(t *testing.T) {
 		}
 	})
 }
+
+func TestCloseStopsJanitor(t *testing.T) {
+	s := New(Options{JanitorInterval: time.Millisecond})
+	time.Sleep(5 * time.Millisecond) // let the janitor run a few sweeps
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.janitorDone: // Close waited for the janitor to return
+	default:
+		t.Fatal("the janitor goroutine is still running after Close")
+	}
+}

@@ -1,0 +1,65 @@
+package idempotency
+
+import (
+	"encoding/json"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+)
+
+func init() {
+	httpcaddyfile.RegisterGlobalOption("idempotency", parseGlobalOption)
+}
+
+// globalOptions are the Caddyfile's global `idempotency` block: defaults
+// for every idempotency directive of the Caddyfile, so that ten routes on
+// Redis configure Redis once.
+//
+//	{
+//	    idempotency {
+//	        storage redis {
+//	            url {env.REDIS_URL}
+//	        }
+//	    }
+//	}
+type globalOptions struct {
+	StorageRaw json.RawMessage
+}
+
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	if existing != nil {
+		return nil, d.Err("the idempotency global option is already specified")
+	}
+	d.Next() // consume the option name
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	var h Handler
+	opts := new(globalOptions)
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "storage":
+			if opts.StorageRaw != nil {
+				return nil, d.Err("storage already specified")
+			}
+			if err := h.parseStorage(d); err != nil {
+				return nil, err
+			}
+			opts.StorageRaw = h.StorageRaw
+		default:
+			return nil, d.Errf("unrecognized idempotency global option '%s' (only storage can be set globally)", d.Val())
+		}
+	}
+	return opts, nil
+}
+
+// applyGlobalOptions fills in what a directive left to the global block.
+func (h *Handler) applyGlobalOptions(opts any) {
+	g, ok := opts.(*globalOptions)
+	if !ok || g == nil {
+		return
+	}
+	if h.StorageRaw == nil {
+		h.StorageRaw = g.StorageRaw
+	}
+}

@@ -1,0 +1,79 @@
+package redis
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/redis/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/storagetest"
+)
+
+// TestCluster runs the store on a private three-node Redis Cluster: every
+// script must keep to one slot, PUBLISH from a script must reach a waiter
+// whose pub/sub connection sits on another node, and records must spread
+// over the nodes (no hash tag piles them onto one).
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	addrs := redistest.StartCluster(t, 3)
+	newStore := func(prefix string) *Store {
+		s := New(goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs}), Options{KeyPrefix: prefix})
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	prefix := testPrefix()
+	s := newStore(prefix)
+
+	t.Run("Suite", func(t *testing.T) { storagetest.Run(t, s) })
+
+	t.Run("RecordsSpreadOverNodes", func(t *testing.T) {
+		ctx := t.Context()
+		for i := range 30 {
+			key := storage.Key{Scope: "{same-tag}", ID: "{same-tag}" + string(rune('a'+i))}
+			acquire(t, s, key, time.Minute)
+		}
+		counts := make(map[string]int)
+		for _, addr := range addrs {
+			c := goredis.NewClient(&goredis.Options{Addr: addr})
+			counts[addr] = len(c.Keys(ctx, prefix+"*").Val())
+			c.Close()
+		}
+		for addr, n := range counts {
+			if n == 0 {
+				t.Errorf("node %s holds no record: %v", addr, counts)
+			}
+		}
+	})
+
+	t.Run("WaitAcrossClients", func(t *testing.T) {
+		owner, waiter := newStore(prefix), newStore(prefix)
+		for i := range 6 { // keys on every node, whichever node the waiter listens on
+			key := storage.Key{Scope: "scope", ID: "wait-" + string(rune('a'+i))}
+			tok := acquire(t, owner, key, time.Minute)
+			done := make(chan waitResult, 1)
+			go func() {
+				start := time.Now()
+				err := waiter.Wait(context.Background(), key, 10*time.Second)
+				done <- waitResult{err, time.Since(start)}
+			}()
+			c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs})
+			for deadline := time.Now().Add(3 * time.Second); !c.HExists(t.Context(), owner.keyName(key), "w").Val(); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("no waiter registered")
+				}
+			}
+			c.Close()
+			if err := owner.Complete(t.Context(), key, tok, textResponse("done"), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if r := <-done; r.err != nil || r.took > 2*time.Second {
+				t.Fatalf("key %d: Wait %v after %v, want woken by the completion", i, r.err, r.took)
+			}
+		}
+	})
+}

@@ -1,0 +1,226 @@
+package redis
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// Reserve implements storage.Store in one round trip. A Replay carries the
+// recorded response; a Conflict carries the lease's times, never its token.
+func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
+	if lease <= 0 {
+		return storage.Reservation{}, fmt.Errorf("redis reserve: lease %v is not positive", lease)
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	tok := storage.NewToken()
+	v, err := s.run(ctx, reserveScript, key, fp, uint64(tok), millis(lease), keepMillis(lease))
+	if err != nil {
+		return storage.Reservation{}, fmt.Errorf("redis reserve: %w", err)
+	}
+	r := reply{v: v}
+	var res storage.Reservation
+	n := 1 // reply length for the outcome
+	switch outcome := r.int(0); outcome {
+	case 1:
+		res = storage.Reservation{Outcome: storage.Acquired, Token: tok}
+	case 2:
+		res = storage.Reservation{Outcome: storage.Mismatch}
+	case 3:
+		// The script compared the fingerprints: the record's is fp.
+		n = 3
+		res = storage.Reservation{Outcome: storage.Conflict, Record: &storage.Record{
+			Fingerprint: bytes.Clone(fp),
+			State:       storage.InFlight,
+			CreatedAt:   time.UnixMilli(r.int(1)),
+			ExpiresAt:   time.UnixMilli(r.int(2)),
+		}}
+	case 4:
+		n = 5
+		rec, err := completedRecord(bytes.Clone(fp), r.int(1), r.int(2), r.bytes(3), r.bytes(4), true)
+		r.fail(err)
+		res = storage.Reservation{Outcome: storage.Replay, Record: rec}
+	default:
+		r.fail(fmt.Errorf("%w: unknown outcome %d", storage.ErrCorrupt, outcome))
+	}
+	if err := r.check(n); err != nil {
+		return storage.Reservation{}, fmt.Errorf("redis reserve: %w", err)
+	}
+	return res, nil
+}
+
+// Complete implements storage.Store in one round trip. The response is
+// stored as its encoded status and headers plus the raw body, so that Get
+// can leave the body out without parsing anything in Lua.
+func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("redis complete: ttl %v is not positive", ttl)
+	}
+	if resp == nil {
+		return fmt.Errorf("redis complete: nil response")
+	}
+	if token == 0 {
+		return storage.ErrLeaseLost
+	}
+	head := storage.AppendResponse(nil, &storage.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: resp.BodyOmitted})
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	return s.fenced(ctx, "complete", completeScript, key, uint64(token), head, resp.Body, millis(ttl))
+}
+
+// Release implements storage.Store in one round trip.
+func (s *Store) Release(ctx context.Context, key storage.Key, token storage.Token) error {
+	if token == 0 {
+		return storage.ErrLeaseLost
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	return s.fenced(ctx, "release", releaseScript, key, uint64(token))
+}
+
+// Renew implements storage.Store in one round trip.
+func (s *Store) Renew(ctx context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("redis renew: lease %v is not positive", lease)
+	}
+	if token == 0 {
+		return storage.ErrLeaseLost
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	return s.fenced(ctx, "renew", renewScript, key, uint64(token), millis(lease), keepMillis(lease))
+}
+
+// Get implements storage.Store in one round trip; without withBody the
+// body never leaves Redis.
+func (s *Store) Get(ctx context.Context, key storage.Key, withBody bool) (*storage.Record, error) {
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	flag := "0"
+	if withBody {
+		flag = "1"
+	}
+	v, err := s.run(ctx, getScript, key, flag)
+	if err != nil {
+		return nil, fmt.Errorf("redis get: %w", err)
+	}
+	r := reply{v: v}
+	var rec *storage.Record
+	n := 1 // reply length for the state
+	switch state := r.int(0); state {
+	case 0:
+		if err := r.check(n); err != nil {
+			return nil, fmt.Errorf("redis get: %w", err)
+		}
+		return nil, storage.ErrNotFound
+	case 1:
+		n = 5
+		tok, err := strconv.ParseUint(r.str(2), 10, 64)
+		if err != nil {
+			r.fail(fmt.Errorf("%w: token: %v", storage.ErrCorrupt, err))
+		}
+		rec = &storage.Record{
+			Fingerprint: r.bytes(1),
+			State:       storage.InFlight,
+			Token:       storage.Token(tok),
+			CreatedAt:   time.UnixMilli(r.int(3)),
+			ExpiresAt:   time.UnixMilli(r.int(4)),
+		}
+	case 2:
+		n = 5
+		var body []byte
+		if withBody {
+			n, body = 6, r.bytes(5)
+		}
+		var err error
+		rec, err = completedRecord(r.bytes(1), r.int(2), r.int(3), r.bytes(4), body, withBody)
+		r.fail(err)
+	default:
+		r.fail(fmt.Errorf("%w: unknown state %d", storage.ErrCorrupt, state))
+	}
+	if err := r.check(n); err != nil {
+		return nil, fmt.Errorf("redis get: %w", err)
+	}
+	return rec, nil
+}
+
+// Delete implements storage.Store in one round trip.
+func (s *Store) Delete(ctx context.Context, key storage.Key) error {
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	v, err := s.run(ctx, deleteScript, key)
+	if err != nil {
+		return fmt.Errorf("redis delete: %w", err)
+	}
+	switch v {
+	case int64(1):
+		return nil
+	case int64(0):
+		return storage.ErrNotFound
+	}
+	return fmt.Errorf("redis delete: %w: reply of type %T", storage.ErrCorrupt, v)
+}
+
+// fenced runs a script that answers 1 when the token named the lease and
+// 0 when it did not.
+func (s *Store) fenced(ctx context.Context, op string, script *goredis.Script, key storage.Key, args ...any) error {
+	v, err := s.run(ctx, script, key, args...)
+	if err != nil {
+		return fmt.Errorf("redis %s: %w", op, err)
+	}
+	switch v {
+	case int64(1):
+		return nil
+	case int64(0):
+		return storage.ErrLeaseLost
+	}
+	return fmt.Errorf("redis %s: %w: reply of type %T", op, storage.ErrCorrupt, v)
+}
+
+// run runs script on key's record: EVALSHA, falling back to EVAL (which
+// caches the script again) when the server does not know it. A CORRUPT
+// error from the script wraps storage.ErrCorrupt.
+func (s *Store) run(ctx context.Context, script *goredis.Script, key storage.Key, args ...any) (any, error) {
+	return s.runKey(ctx, script, s.keyName(key), args...)
+}
+
+// runKey is run on the record's key name.
+func (s *Store) runKey(ctx context.Context, script *goredis.Script, name string, args ...any) (any, error) {
+	v, err := script.Run(ctx, s.client, []string{name}, args...).Result()
+	if err != nil {
+		if goredis.HasErrorPrefix(err, "CORRUPT") {
+			return nil, fmt.Errorf("%w: %v", storage.ErrCorrupt, err)
+		}
+		return nil, err
+	}
+	return v, nil
+}
+
+// completedRecord builds a completed Record from its stored parts. The body
+// aliases the reply (see the package documentation).
+func completedRecord(fp []byte, created, expires int64, head, body []byte, withBody bool) (*storage.Record, error) {
+	resp, err := storage.DecodeResponse(head)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Body) > 0 {
+		return nil, fmt.Errorf("%w: %d body bytes in the head", storage.ErrCorrupt, len(resp.Body))
+	}
+	if withBody && len(body) > 0 {
+		resp.Body = body
+	}
+	return &storage.Record{
+		Fingerprint: fp,
+		State:       storage.Completed,
+		Response:    resp,
+		CreatedAt:   time.UnixMilli(created),
+		ExpiresAt:   time.UnixMilli(expires),
+	}, nil
+}

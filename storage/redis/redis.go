@@ -1,0 +1,172 @@
+// Package redis is an idempotency store on Redis (go-redis v9): a single
+// node, Redis Cluster or Sentinel, whatever goredis.UniversalClient it is
+// given. Every Caddy instance pointing at the same Redis shares the records.
+//
+// # Round trips
+//
+// Each operation is one Lua script run with EVALSHA (EVAL once after the
+// server's script cache was flushed), so it is atomic and costs one round
+// trip: a new key costs two (Reserve, Complete), a replay one (Reserve).
+// Reserve answers with everything its caller needs (the outcome and, for a
+// replay, the recorded response), and never ships a body it does not need
+// (Mismatch, Conflict, Get without the body).
+//
+// # Data layout
+//
+// One Redis hash per record, under KeyPrefix plus the hex of the first 16
+// bytes of SHA-256 over the scope and the key. Key names have a fixed
+// length and carry no client bytes: the key cannot be read back from Redis,
+// and a client's braces can never become a Cluster hash tag that piles
+// records onto one slot. Each script touches that one key, so all of them
+// run on Cluster. Fields:
+//
+//	f  request fingerprint
+//	t  lease token (in flight only: its absence means completed)
+//	c  creation time, Unix milliseconds
+//	e  lease lapse (in flight) or expiry (completed), Unix milliseconds
+//	h  recorded status and headers (storage.AppendResponse without the body)
+//	b  recorded body, raw bytes
+//	w  until when some instance waits on the record, Unix milliseconds
+//
+// Times come from the Redis server (TIME inside the scripts), so instances
+// with skewed clocks agree on when a lease lapses. Expiry is native: a
+// completed record lives for its TTL (PEXPIRE). An in-flight record lives
+// past its lease, for as long again and at least a minute more, because
+// its owner may still renew, complete or release a lapsed lease that
+// nobody took over; until then the lapsed record counts as absent to
+// Reserve, Get and Delete, which compare e with the server's clock.
+//
+// # Sharing
+//
+// Records that Reserve and Get return hold their body without a copy of
+// the reply: callers must treat them as read-only, as the storage.Store
+// contract says.
+package redis
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// DefaultKeyPrefix starts the name of every key and channel the store uses
+// when Options.KeyPrefix is empty.
+const DefaultKeyPrefix = "idempotency:"
+
+// lapsedGrace is the least time an in-flight record outlives its lease, so
+// that an owner whose renewals failed for a while (a Redis failover, a
+// network blip) can still renew or complete when nobody took the key over.
+const lapsedGrace = time.Minute
+
+// errClosed is returned by operations on a closed Store's waiter.
+var errClosed = errors.New("redis store is closed")
+
+// Options configures a Store.
+type Options struct {
+	// KeyPrefix starts every key and pub/sub channel name (default
+	// DefaultKeyPrefix). Stores with different prefixes on one Redis never
+	// see each other's records.
+	KeyPrefix string
+
+	// Timeout bounds each operation, retries and reconnection included,
+	// when the caller's context has no earlier deadline; zero leaves only
+	// the client's own timeouts. It has effect on socket reads and writes
+	// only when the client has ContextTimeoutEnabled.
+	Timeout time.Duration
+}
+
+// Store is a storage.Store and storage.Waiter on Redis. It owns its client:
+// Close closes it.
+type Store struct {
+	client  goredis.UniversalClient
+	prefix  string
+	timeout time.Duration
+	hub     *hub
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var (
+	_ storage.Store  = (*Store)(nil)
+	_ storage.Waiter = (*Store)(nil)
+)
+
+// New returns a Store that keeps its records through client and takes
+// ownership of it. It does not talk to Redis: the first operation
+// connects, so New succeeds while Redis is down.
+func New(client goredis.UniversalClient, opts Options) *Store {
+	if opts.KeyPrefix == "" {
+		opts.KeyPrefix = DefaultKeyPrefix
+	}
+	return &Store{
+		client:  client,
+		prefix:  opts.KeyPrefix,
+		timeout: opts.Timeout,
+		hub:     newHub(client),
+	}
+}
+
+// Close stops waiting requests (their Wait returns an error), closes the
+// pub/sub connection and the client. It is idempotent: later calls return
+// the first call's result. Operations after Close fail.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.hub.close()
+		s.closeErr = s.client.Close()
+	})
+	return s.closeErr
+}
+
+// keyName returns the Redis key of a record: the prefix and 32 hex digits.
+// The scope is length-prefixed so that no two (scope, id) pairs hash the
+// same input, whatever bytes they hold.
+func (s *Store) keyName(key storage.Key) string {
+	var stack [256]byte
+	in := binary.AppendUvarint(stack[:0], uint64(len(key.Scope)))
+	in = append(in, key.Scope...)
+	in = append(in, key.ID...)
+	sum := sha256.Sum256(in)
+	out := make([]byte, len(s.prefix)+32)
+	copy(out, s.prefix)
+	hex.Encode(out[len(s.prefix):], sum[:16])
+	return string(out)
+}
+
+// channelName returns the pub/sub channel on which the scripts announce
+// that the in-flight record under keyName changed. It must match the
+// channel built in the scripts' prelude.
+func channelName(keyName string) string {
+	return keyName + channelSuffix
+}
+
+// opContext applies the store's operation timeout to ctx.
+func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.timeout <= 0 {
+		return ctx, func() {}
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.timeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// millis converts d to whole milliseconds, rounding up so that a positive
+// duration never becomes zero (PEXPIRE 0 would delete the key).
+func millis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// keepMillis is how long an in-flight record with the given lease stays in
+// Redis: the lease, then as long again and at least lapsedGrace.
+func keepMillis(lease time.Duration) int64 {
+	return millis(lease + max(lease, lapsedGrace))
+}

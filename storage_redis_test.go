@@ -1,0 +1,407 @@
+package idempotency
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// rsParse parses a Caddyfile idempotency block and returns its redis
+// storage module as the JSON config would decode it.
+func rsParse(t *testing.T, body ...string) (*RedisStorage, error) {
+	t.Helper()
+	h, err := cfParse(cfBlock(body...))
+	if err != nil {
+		return nil, err
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(h.StorageRaw, &obj); err != nil {
+		t.Fatalf("storage JSON %s: %v", h.StorageRaw, err)
+	}
+	if string(obj["backend"]) != `"redis"` {
+		t.Fatalf("storage JSON %s: backend is not redis", h.StorageRaw)
+	}
+	r := new(RedisStorage)
+	if err := caddy.StrictUnmarshalJSON(stripBackend(t, h.StorageRaw), r); err != nil {
+		t.Fatalf("decoding %s: %v", h.StorageRaw, err)
+	}
+	return r, nil
+}
+
+func stripBackend(t *testing.T, raw json.RawMessage) []byte {
+	t.Helper()
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		t.Fatal(err)
+	}
+	delete(obj, "backend")
+	b, _ := json.Marshal(obj)
+	return b
+}
+
+func TestRedisCaddyfileOptions(t *testing.T) {
+	tests := []struct {
+		name string
+		body []string
+		want RedisStorage
+	}{
+		{"bare", []string{"storage redis"}, RedisStorage{}},
+		{"empty block", []string{"storage redis {", "}"}, RedisStorage{}},
+		{"url shorthand", []string{"storage redis rediss://cache.internal:6380/2"}, RedisStorage{URL: "rediss://cache.internal:6380/2"}},
+		{"url shorthand with block", []string{"storage redis redis://r:6379 {", "\tkey_prefix app:", "}"},
+			RedisStorage{URL: "redis://r:6379", KeyPrefix: "app:"}},
+		{"every single-node option", []string{
+			"storage redis {",
+			"\turl redis://r:6379/1",
+			"\tusername app",
+			"\tpassword {env.REDIS_PASSWORD}",
+			"\tkey_prefix idem:",
+			"\tpool_size 20",
+			"\tdial_timeout 500ms",
+			"\ttimeout 3s",
+			"}",
+		}, RedisStorage{
+			URL: "redis://r:6379/1", Username: "app", Password: "{env.REDIS_PASSWORD}", KeyPrefix: "idem:",
+			PoolSize: 20, DialTimeout: cfDur(500 * time.Millisecond), Timeout: cfDur(3 * time.Second),
+		}},
+		{"cluster", []string{"storage redis {", "\taddresses rediss://n1:7000 rediss://n2:7000 rediss://n3:7000", "}"},
+			RedisStorage{Addresses: []string{"rediss://n1:7000", "rediss://n2:7000", "rediss://n3:7000"}}},
+		{"sentinel", []string{"storage redis {", "\taddresses s1:26379 s2:26379", "\tmaster_name mymaster", "}"},
+			RedisStorage{Addresses: []string{"s1:26379", "s2:26379"}, MasterName: "mymaster"}},
+		{"sentinel, master_name first", []string{"storage redis {", "\tmaster_name mymaster", "\taddresses s1:26379", "}"},
+			RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "mymaster"}},
+		{"addresses from a placeholder", []string{"storage redis {", "\taddresses {env.REDIS_NODES}", "}"},
+			RedisStorage{Addresses: []string{"{env.REDIS_NODES}"}}},
+		{"url from a placeholder", []string{"storage redis {env.REDIS_URL}"}, RedisStorage{URL: "{env.REDIS_URL}"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := rsParse(t, tt.body...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(*got, tt.want) {
+				t.Errorf("got %+v\nwant %+v", *got, tt.want)
+			}
+		})
+	}
+}
+
+func TestRedisCaddyfileErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		body []string
+		line int
+		want []string
+	}{
+		{"unknown option", []string{"storage redis {", "\tdb 2", "}"}, 4, []string{"unrecognized redis storage option", "'db'"}},
+		{"two url arguments", []string{"storage redis redis://a redis://b"}, 3, []string{"wrong argument count", "'redis://b'"}},
+		{"url shorthand and url", []string{"storage redis redis://a {", "\turl redis://b", "}"}, 4, []string{"url", "already specified"}},
+		{"url without value", []string{"storage redis {", "\turl", "}"}, 4, []string{"wrong argument count", "'url'"}},
+		{"url with two values", []string{"storage redis {", "\turl redis://a redis://b", "}"}, 4, []string{"wrong argument count", "'redis://b'"}},
+		{"url with a bad scheme", []string{"storage redis {", "\turl http://cache:6379", "}"}, 4, []string{"invalid url", "scheme"}},
+		{"url shorthand with a bad scheme", []string{"storage redis memcached://cache"}, 3, []string{"invalid url"}},
+		{"url with a bad database", []string{"storage redis {", "\turl redis://cache:6379/zero", "}"}, 4, []string{"invalid url", "database"}},
+		{"url without host", []string{"storage redis {", "\turl redis://", "}"}, 4, []string{"invalid url", "no host"}},
+		{"url and addresses", []string{"storage redis {", "\turl redis://a:6379", "\taddresses b:6379 c:6379", "}"}, 5, []string{"mutually exclusive"}},
+		{"addresses and url", []string{"storage redis {", "\taddresses b:6379 c:6379", "\turl redis://a:6379", "}"}, 5, []string{"mutually exclusive"}},
+		{"url shorthand and addresses", []string{"storage redis redis://a {", "\taddresses b:6379", "}"}, 4, []string{"mutually exclusive"}},
+		{"addresses without value", []string{"storage redis {", "\taddresses", "}"}, 4, []string{"wrong argument count", "'addresses'"}},
+		{"address without port", []string{"storage redis {", "\taddresses n1:7000 n2", "}"}, 4, []string{"address", `"n2"`, "host:port"}},
+		{"address with a path", []string{"storage redis {", "\taddresses redis://n1:7000/3", "}"}, 4, []string{"address", "host:port"}},
+		{"address with credentials", []string{"storage redis {", "\taddresses redis://u:p@n1:7000", "}"}, 4, []string{"address", "host:port"}},
+		{"mixed TLS addresses", []string{"storage redis {", "\taddresses rediss://n1:7000 n2:7000", "}"}, 4, []string{"mix TLS"}},
+		{"master_name without addresses", []string{"storage redis {", "\tmaster_name m", "\ttimeout 1s", "}"}, 4, []string{"master_name needs addresses"}},
+		{"master_name without value", []string{"storage redis {", "\tmaster_name", "}"}, 4, []string{"wrong argument count", "'master_name'"}},
+		{"username without value", []string{"storage redis {", "\tusername", "}"}, 4, []string{"wrong argument count", "'username'"}},
+		{"password with two values", []string{"storage redis {", "\tpassword a b", "}"}, 4, []string{"wrong argument count", "'b'"}},
+		{"key_prefix without value", []string{"storage redis {", "\tkey_prefix", "}"}, 4, []string{"wrong argument count", "'key_prefix'"}},
+		{"pool_size not a number", []string{"storage redis {", "\tpool_size many", "}"}, 4, []string{"pool_size", "positive integer", "'many'"}},
+		{"pool_size zero", []string{"storage redis {", "\tpool_size 0", "}"}, 4, []string{"pool_size", "positive integer", "'0'"}},
+		{"dial_timeout invalid", []string{"storage redis {", "\tdial_timeout quick", "}"}, 4, []string{"dial_timeout", "invalid duration", "'quick'"}},
+		{"timeout negative", []string{"storage redis {", "\ttimeout -1s", "}"}, 4, []string{"timeout", "must be positive", "'-1s'"}},
+		{"timeout without value", []string{"storage redis {", "\ttimeout", "}"}, 4, []string{"wrong argument count", "'timeout'"}},
+		{"block after timeout", []string{"storage redis {", "\ttimeout 1s {", "\t}", "}"}, 4, []string{"'{'"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := cfParse(cfBlock(tt.body...))
+			cfCheckErr(t, err, tt.line, tt.want...)
+		})
+	}
+}
+
+func TestRedisCaddyfileDuplicates(t *testing.T) {
+	for _, line := range []string{
+		"url redis://a", "addresses a:1 b:2", "master_name m", "username u", "password p",
+		"key_prefix k", "pool_size 2", "dial_timeout 1s", "timeout 1s",
+	} {
+		opt, _, _ := strings.Cut(line, " ")
+		t.Run(opt, func(t *testing.T) {
+			body := []string{"storage redis {", "\t" + line, "\t" + line, "}"}
+			if opt == "master_name" {
+				body = []string{"storage redis {", "\taddresses a:1", "\t" + line, "\t" + line, "}"}
+			}
+			_, err := cfParse(cfBlock(body...))
+			cfCheckErr(t, err, 2+len(body)-1, opt, "already specified")
+		})
+	}
+}
+
+// TestRedisCaddyfileErrorsKeepSecrets checks that a malformed url is
+// reported without the password it carries.
+func TestRedisCaddyfileErrorsKeepSecrets(t *testing.T) {
+	for _, u := range []string{"redis://user:hunter2@cache:6379/x", "redis://user:hunter2@cache:notaport/0", "redis://user:hunter2@ca che/0"} {
+		_, err := cfParse(cfBlock("storage redis " + u))
+		if err == nil {
+			t.Errorf("%s: no error", u)
+			continue
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("error %q shows the password", err)
+		}
+	}
+}
+
+func TestRedisResolve(t *testing.T) {
+	t.Setenv("IDEM_TEST_REDIS_URL", "redis://cache:6380/3")
+	t.Setenv("IDEM_TEST_REDIS_NODES", "n1:7000, n2:7000 n3:7000")
+	t.Setenv("IDEM_TEST_REDIS_PASSWORD", "s3cr{e}t")
+	tests := []struct {
+		name    string
+		in      RedisStorage
+		want    redisConfig
+		wantErr string
+	}{
+		{name: "defaults", in: RedisStorage{},
+			want: redisConfig{URL: defaultRedisURL, KeyPrefix: "idempotency:"}},
+		{name: "url from env", in: RedisStorage{URL: "{env.IDEM_TEST_REDIS_URL}", KeyPrefix: "k:"},
+			want: redisConfig{URL: "redis://cache:6380/3", KeyPrefix: "k:"}},
+		{name: "password from env, braces kept", in: RedisStorage{Password: "{env.IDEM_TEST_REDIS_PASSWORD}"},
+			want: redisConfig{URL: defaultRedisURL, Password: "s3cr{e}t", KeyPrefix: "idempotency:"}},
+		{name: "literal password with braces", in: RedisStorage{Password: "a{b}c"},
+			want: redisConfig{URL: defaultRedisURL, Password: "a{b}c", KeyPrefix: "idempotency:"}},
+		{name: "cluster from one env var", in: RedisStorage{Addresses: []string{"{env.IDEM_TEST_REDIS_NODES}"}},
+			want: redisConfig{Addrs: []string{"n1:7000", "n2:7000", "n3:7000"}, KeyPrefix: "idempotency:"}},
+		{name: "cluster over TLS", in: RedisStorage{Addresses: []string{"rediss://n1:7000", "rediss://n2:7000/"}},
+			want: redisConfig{Addrs: []string{"n1:7000", "n2:7000"}, TLS: true, KeyPrefix: "idempotency:"}},
+		{name: "sentinel", in: RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "m", Username: "u", Password: "p", PoolSize: 7, DialTimeout: caddy.Duration(time.Second), Timeout: caddy.Duration(time.Minute)},
+			want: redisConfig{Addrs: []string{"s1:26379"}, MasterName: "m", Username: "u", Password: "p", KeyPrefix: "idempotency:", PoolSize: 7, DialTimeout: time.Second, Timeout: time.Minute}},
+
+		{name: "url and addresses", in: RedisStorage{URL: "redis://a", Addresses: []string{"b:1"}}, wantErr: "mutually exclusive"},
+		{name: "master_name alone", in: RedisStorage{MasterName: "m"}, wantErr: "master_name needs addresses"},
+		{name: "master_name with url", in: RedisStorage{MasterName: "m", URL: "redis://a"}, wantErr: "master_name needs addresses"},
+		{name: "url empty from env", in: RedisStorage{URL: "{env.IDEM_TEST_UNSET_VARIABLE}"}, wantErr: "url is empty"},
+		{name: "bad url", in: RedisStorage{URL: "https://cache"}, wantErr: "invalid url"},
+		{name: "password twice", in: RedisStorage{URL: "redis://:pw@cache", Password: "other"}, wantErr: "password is set both"},
+		{name: "user twice", in: RedisStorage{URL: "redis://u@cache", Username: "v"}, wantErr: "user is set both"},
+		{name: "empty address", in: RedisStorage{Addresses: []string{"{env.IDEM_TEST_UNSET_VARIABLE}"}}, wantErr: "empty once"},
+		{name: "negative pool_size", in: RedisStorage{PoolSize: -1}, wantErr: "pool_size"},
+		{name: "negative timeout", in: RedisStorage{Timeout: -1}, wantErr: "timeout"},
+		{name: "negative dial_timeout", in: RedisStorage{DialTimeout: -1}, wantErr: "dial_timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.in.resolve()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one mentioning %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got  %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestRedisClientKinds checks how the configuration maps onto go-redis:
+// the client kind, TLS, credentials and timeouts.
+func TestRedisClientKinds(t *testing.T) {
+	single := func(t *testing.T, c goredis.UniversalClient) *goredis.Options {
+		t.Helper()
+		cl, ok := c.(*goredis.Client)
+		if !ok {
+			t.Fatalf("client %T, want *redis.Client", c)
+		}
+		return cl.Options()
+	}
+	build := func(t *testing.T, r RedisStorage) goredis.UniversalClient {
+		t.Helper()
+		cfg, err := r.resolve()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := cfg.newClient()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+
+	t.Run("default", func(t *testing.T) {
+		o := single(t, build(t, RedisStorage{}))
+		if o.Addr != "127.0.0.1:6379" || o.DB != 0 || o.TLSConfig != nil {
+			t.Errorf("options %+v", o)
+		}
+		if o.ReadTimeout != defaultRedisTimeout || o.WriteTimeout != defaultRedisTimeout || o.DialTimeout != defaultRedisDialTimeout || !o.ContextTimeoutEnabled {
+			t.Errorf("timeouts read %v write %v dial %v context %v", o.ReadTimeout, o.WriteTimeout, o.DialTimeout, o.ContextTimeoutEnabled)
+		}
+	})
+	t.Run("rediss url", func(t *testing.T) {
+		o := single(t, build(t, RedisStorage{URL: "rediss://cache.example:6380/2", Username: "u", Password: "p", PoolSize: 3, Timeout: caddy.Duration(5 * time.Second)}))
+		if o.Addr != "cache.example:6380" || o.DB != 2 || o.Username != "u" || o.Password != "p" || o.PoolSize != 3 {
+			t.Errorf("options %+v", o)
+		}
+		if o.TLSConfig == nil || o.TLSConfig.ServerName != "cache.example" {
+			t.Errorf("TLS %+v, want verification of cache.example", o.TLSConfig)
+		}
+		if o.ReadTimeout != 5*time.Second {
+			t.Errorf("read timeout %v", o.ReadTimeout)
+		}
+	})
+	t.Run("url credentials", func(t *testing.T) {
+		o := single(t, build(t, RedisStorage{URL: "redis://u:p@cache?dial_timeout=3s"}))
+		if o.Username != "u" || o.Password != "p" || o.DialTimeout != 3*time.Second {
+			t.Errorf("user %q password %q dial %v", o.Username, o.Password, o.DialTimeout)
+		}
+	})
+	t.Run("one address", func(t *testing.T) {
+		o := single(t, build(t, RedisStorage{Addresses: []string{"cache:6379"}}))
+		if o.Addr != "cache:6379" {
+			t.Errorf("addr %q", o.Addr)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := build(t, RedisStorage{Addresses: []string{"rediss://n1:7000", "rediss://n2:7000"}, Password: "p"})
+		cc, ok := c.(*goredis.ClusterClient)
+		if !ok {
+			t.Fatalf("client %T, want *redis.ClusterClient", c)
+		}
+		o := cc.Options()
+		if !reflect.DeepEqual(o.Addrs, []string{"n1:7000", "n2:7000"}) || o.Password != "p" {
+			t.Errorf("options %+v", o)
+		}
+		if o.TLSConfig == nil || o.TLSConfig.ServerName != "" {
+			t.Errorf("TLS %+v, want per-node verification (no fixed ServerName)", o.TLSConfig)
+		}
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		// A Sentinel-backed failover client is a *redis.Client.
+		single(t, build(t, RedisStorage{Addresses: []string{"s1:26379", "s2:26379"}, MasterName: "m"}))
+	})
+}
+
+// TestRedisSecretsStayOutOfConfig provisions with {env.*} credentials:
+// they reach the client but neither the module's JSON nor the pool key.
+func TestRedisSecretsStayOutOfConfig(t *testing.T) {
+	const secret = "pa55-w0rd-from-env"
+	t.Setenv("IDEM_TEST_REDIS_SECRET", secret)
+	ctx, _ := mtContext(t)
+	r := &RedisStorage{
+		URL:       "redis://127.0.0.1:1/0",
+		Username:  "{env.IDEM_TEST_REDIS_SECRET}",
+		Password:  "{env.IDEM_TEST_REDIS_SECRET}",
+		KeyPrefix: "idempotency-test:" + t.Name() + ":",
+	}
+	if err := r.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Cleanup()
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), secret) || !strings.Contains(string(b), "{env.IDEM_TEST_REDIS_SECRET}") {
+		t.Errorf("module JSON %s: want the placeholder, not the secret", b)
+	}
+	if strings.Contains(r.poolKey, secret) {
+		t.Errorf("pool key %q holds the secret", r.poolKey)
+	}
+	cfg, err := r.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Password != secret || cfg.Username != secret {
+		t.Errorf("resolved credentials %q %q", cfg.Username, cfg.Password)
+	}
+	// Another secret is another client.
+	key, _ := storeKey("redis", cfg)
+	cfg.Password = "other"
+	if other, _ := storeKey("redis", cfg); other == key {
+		t.Error("two passwords share a pool key")
+	}
+}
+
+// TestRedisProvisionSharesOneClient checks the pooling: one store (one
+// client) per configuration, kept across a reload, closed with the last
+// user.
+func TestRedisProvisionSharesOneClient(t *testing.T) {
+	prefix := "idempotency-test:" + t.Name() + ":"
+	provisioned := func(ctx caddy.Context, poolSize int) *RedisStorage {
+		t.Helper()
+		r := &RedisStorage{URL: "redis://127.0.0.1:1/0", KeyPrefix: prefix, PoolSize: poolSize}
+		if err := r.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	ctx1, _ := mtContext(t)
+	a, b, c := provisioned(ctx1, 5), provisioned(ctx1, 5), provisioned(ctx1, 6)
+	if a.Store() != b.Store() {
+		t.Error("same configuration, two stores")
+	}
+	if a.Store() == c.Store() {
+		t.Error("different pool_size, one store")
+	}
+	// Reload: the new config is provisioned before the old is cleaned up.
+	ctx2, _ := mtContext(t)
+	d := provisioned(ctx2, 5)
+	shared := a.Store()
+	for _, r := range []*RedisStorage{a, b, c} {
+		if err := r.Cleanup(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d.Store() != shared {
+		t.Fatal("the reloaded config got another store")
+	}
+	if err := d.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	// The last user is gone: the client is closed.
+	if _, err := shared.Get(t.Context(), storage.Key{Scope: "s", ID: "k"}, false); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Errorf("Get on the released store: %v, want a closed-client error", err)
+	}
+	// Cleanup of a module that never provisioned, or twice, is harmless.
+	if err := new(RedisStorage).Cleanup(); err != nil {
+		t.Error(err)
+	}
+	if err := d.Cleanup(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestRedisProvisionRejectsBadConfigWithoutHoldingAStore(t *testing.T) {
+	ctx, _ := mtContext(t)
+	bad := mtFromJSON(t, `{"storage":{"backend":"redis","url":"redis://a:6379","addresses":["b:1"]}}`)
+	err := mtProvision(t, ctx, bad)
+	if err == nil || !strings.Contains(err.Error(), "mutually exclusive") {
+		t.Fatalf("Provision: %v", err)
+	}
+	if err := bad.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+}
