@@ -36,10 +36,12 @@ build: $(XCADDY)
 
 check-build: build
 	bin/caddy list-modules > bin/modules.txt
-	@for m in http.handlers.idempotency http.idempotency.storage.memory; do \
+	@for m in http.handlers.idempotency http.idempotency.storage.memory \
+		http.idempotency.storage.redis http.idempotency.storage.postgres admin.api.idempotency; do \
 		grep -qx "$$m" bin/modules.txt || { echo "bin/caddy lacks module $$m"; exit 1; }; \
 	done
-	@for f in Caddyfile.example; do \
+	@export IDEMPOTENCY_POSTGRES_DSN=$${IDEMPOTENCY_POSTGRES_DSN:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}; \
+	for f in Caddyfile.example Caddyfile.redis.example Caddyfile.postgres.example; do \
 		echo "caddy adapt --config $$f"; \
 		bin/caddy adapt --config $$f > /dev/null || exit 1; \
 		bin/caddy validate --config $$f 2> bin/validate.log || { cat bin/validate.log; exit 1; }; \

@@ -212,11 +212,12 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser) error {
 
 // stringArg reads exactly one argument.
 func stringArg(d *caddyfile.Dispenser, dst *string) error {
+	opt := d.Val()
 	if !d.NextArg() {
 		return d.ArgErr()
 	}
 	if d.Val() == "" {
-		return d.Errf("%s must not be empty", d.Token().Text)
+		return d.Errf("%s must not be empty", opt)
 	}
 	*dst = d.Val()
 	if d.NextArg() {

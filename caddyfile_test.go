@@ -531,7 +531,7 @@ func TestCaddyfileRejectsEmptyValues(t *testing.T) {
 	for _, opt := range []string{`scope ""`, `header ""`, `replay_header ""`, `docs_url ""`} {
 		d := caddyfile.NewTestDispenser("idempotency {\n" + opt + "\n}")
 		err := new(Handler).UnmarshalCaddyfile(d)
-		if err == nil || !strings.Contains(err.Error(), "must not be empty") {
+		if err == nil || !strings.Contains(err.Error(), strings.Fields(opt)[0]+" must not be empty") {
 			t.Errorf("%s: err %v, want a 'must not be empty' error", opt, err)
 		}
 	}

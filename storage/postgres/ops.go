@@ -1,0 +1,111 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// Complete implements storage.Store. The response is encoded into the row;
+// the store keeps no reference to resp.
+func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("postgres complete: ttl %v is not positive", ttl)
+	}
+	if resp == nil {
+		return errors.New("postgres complete: nil response")
+	}
+	headers := storage.AppendHeader(nil, resp.Header)
+	return s.leaseOp(ctx, "complete", s.sql.complete, key, token,
+		int32(resp.Status), headers, resp.Body, resp.BodyOmitted, micros(ttl))
+}
+
+// Release implements storage.Store.
+func (s *Store) Release(ctx context.Context, key storage.Key, token storage.Token) error {
+	return s.leaseOp(ctx, "release", s.sql.release, key, token)
+}
+
+// Renew implements storage.Store.
+func (s *Store) Renew(ctx context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
+	if lease <= 0 {
+		return fmt.Errorf("postgres renew: lease %v is not positive", lease)
+	}
+	return s.leaseOp(ctx, "renew", s.sql.renew, key, token, micros(lease))
+}
+
+// leaseOp runs a statement that acts on the in-flight row held by token
+// (scope, key and token are its first three parameters, then args), and
+// reports storage.ErrLeaseLost when it matched no row.
+func (s *Store) leaseOp(ctx context.Context, op, sql string, key storage.Key, token storage.Token, args ...any) error {
+	if token == 0 {
+		return storage.ErrLeaseLost // zero never names a lease: save the round trip
+	}
+	if err := s.ensureSchema(ctx); err != nil {
+		return s.fail(op, err)
+	}
+	tag, err := s.pool.Exec(ctx, sql, append([]any{key.Scope, key.ID, int64(token)}, args...)...)
+	if err != nil {
+		return s.fail(op, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return storage.ErrLeaseLost
+	}
+	return nil
+}
+
+// Get implements storage.Store.
+func (s *Store) Get(ctx context.Context, key storage.Key, withBody bool) (*storage.Record, error) {
+	if err := s.ensureSchema(ctx); err != nil {
+		return nil, s.fail("get", err)
+	}
+	var (
+		rec           storage.Record
+		state         int16
+		token         int64
+		status        int32
+		headers, body []byte
+		bodyOmitted   bool
+	)
+	err := s.pool.QueryRow(ctx, s.sql.get, key.Scope, key.ID, withBody).
+		Scan(&rec.Fingerprint, &state, &token, &rec.CreatedAt, &rec.ExpiresAt, &status, &headers, &body, &bodyOmitted)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, storage.ErrNotFound
+	case err != nil:
+		return nil, s.fail("get", err)
+	}
+	switch state {
+	case stateInFlight:
+		rec.State = storage.InFlight
+		rec.Token = storage.Token(token)
+	case stateCompleted:
+		rec.State = storage.Completed
+		if rec.Response, err = response(status, headers, body, bodyOmitted); err != nil {
+			return nil, fmt.Errorf("postgres get: %w", err)
+		}
+	default:
+		return nil, fmt.Errorf("postgres get: %w: state %d", storage.ErrCorrupt, state)
+	}
+	return &rec, nil
+}
+
+// Delete implements storage.Store. Like Get, it sees live rows only: an
+// expired row or a lapsed lease is already absent, and cleanup removes it.
+func (s *Store) Delete(ctx context.Context, key storage.Key) error {
+	if err := s.ensureSchema(ctx); err != nil {
+		return s.fail("delete", err)
+	}
+	tag, err := s.pool.Exec(ctx, s.sql.delete, key.Scope, key.ID)
+	if err != nil {
+		return s.fail("delete", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return storage.ErrNotFound
+	}
+	return nil
+}

@@ -1,0 +1,209 @@
+// Package postgres is an idempotency store on PostgreSQL, for several
+// Caddy instances (or any other processes) sharing one database.
+//
+// Records live in one table (see Schema) whose primary key (scope, key)
+// decides every race. Reserve is one statement: a live record answers at
+// once, read-only (replay, conflict, mismatch); otherwise an INSERT ... ON
+// CONFLICT claims the key, or takes over an expired record or a lapsed
+// lease, and of any number of concurrent reservers the primary key lets
+// exactly one in. A new key costs two statements (Reserve, Complete), a
+// replay one. Complete, Release and Renew name the lease by its token
+// (fencing). All times come from the server's clock, so instances with
+// skewed clocks agree on what has expired. Expired rows are deleted by a
+// periodic cleanup that one instance at a time runs, under an advisory
+// lock.
+//
+// The store does not implement storage.Waiter, so callers that wait for an
+// in-flight record poll Reserve (the Caddy handler backs off from 10ms to
+// 250ms). LISTEN/NOTIFY would wake them sooner, but every Complete and
+// Release would then NOTIFY, and PostgreSQL serialises the commits of
+// notifying transactions on one cluster-wide lock, a cost every request
+// would pay for the few that wait; it also needs a dedicated session per
+// store, which transaction-pooling proxies such as PgBouncer do not keep.
+//
+// New never touches the network: the table is created on first use, and a
+// store built while PostgreSQL is down starts working when it comes back.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// Defaults used for Options fields that are zero (CleanupBatch and
+// LapsedGrace: zero or negative).
+const (
+	DefaultTable           = "idempotency_keys"
+	DefaultCleanupInterval = 5 * time.Minute
+	DefaultCleanupBatch    = 1000
+	DefaultLapsedGrace     = time.Hour
+)
+
+// Options configures a Store.
+type Options struct {
+	// Table is the table holding the records: a name, or schema.name, of
+	// lower-case letters, digits and underscores (so that it means the same
+	// table quoted or not). Default: idempotency_keys.
+	Table string
+
+	// CreateTable creates the table and its index on first use if they do
+	// not exist. When false they must exist (see Schema).
+	CreateTable bool
+
+	// CleanupInterval is how often expired rows are deleted. Every store
+	// on the same table tries; one at a time succeeds (advisory lock), the
+	// others skip that round. Negative disables the periodic cleanup
+	// (CleanupNow still works). Default: 5 minutes.
+	CleanupInterval time.Duration
+
+	// CleanupBatch is how many rows one cleanup transaction deletes at
+	// most, so that row locks and WAL bursts stay small. Default: 1000.
+	CleanupBatch int
+
+	// LapsedGrace is how long cleanup keeps an in-flight row after its
+	// lease lapsed. Such a row already counts as absent (anyone may take
+	// the key over), but until somebody does, its owner may still renew,
+	// complete or release it: a request that outlived its lease because
+	// PostgreSQL was briefly unreachable can still record its response.
+	// Default: 1 hour.
+	LapsedGrace time.Duration
+
+	// OnCleanup, when set, is called after every periodic cleanup with the
+	// rows deleted and the error, ErrCleanupLocked when another store was
+	// cleaning. It runs on the cleanup goroutine.
+	OnCleanup func(deleted int64, err error)
+}
+
+// Store is a storage.Store on a PostgreSQL table. Create it with New and
+// release it with Close.
+type Store struct {
+	pool  *pgxpool.Pool
+	table string // sanitized, ready to interpolate
+	opts  Options
+	sql   statements
+
+	// schemaAttempt is the DDL run in progress, if any (guarded by
+	// schemaMu); schemaReady skips the DDL once it succeeded.
+	schemaMu      sync.Mutex
+	schemaAttempt *attempt
+	schemaReady   atomic.Bool
+
+	// ddlLock and cleanupLock are advisory lock keys derived from the
+	// table name, so that stores on other tables never block each other.
+	ddlLock, cleanupLock int64
+
+	// fallbacks counts Reserve calls that had to read the record in a
+	// second statement (see reserve.go).
+	fallbacks atomic.Int64
+
+	closeOnce   sync.Once
+	stop        context.CancelFunc // stops the cleanup goroutine
+	cleanupDone chan struct{}      // closed when it has returned
+}
+
+var _ storage.Store = (*Store)(nil)
+
+// ErrCleanupLocked is returned by CleanupNow when another store (usually
+// another instance) is cleaning the table: its run covers this one.
+var ErrCleanupLocked = errors.New("postgres cleanup: another instance holds the cleanup lock")
+
+// New returns a Store on pool and starts its cleanup goroutine. The store
+// owns pool from then on: Close closes it. New does not connect. With
+// CreateTable the table is created on first use, and again on the next use
+// if that fails; without, a missing table is an error of every operation.
+func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("postgres: nil pool")
+	}
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	table, err := sanitizeTable(opts.Table)
+	if err != nil {
+		return nil, err
+	}
+	if opts.CleanupInterval == 0 {
+		opts.CleanupInterval = DefaultCleanupInterval
+	}
+	if opts.CleanupBatch <= 0 {
+		opts.CleanupBatch = DefaultCleanupBatch
+	}
+	if opts.LapsedGrace <= 0 {
+		opts.LapsedGrace = DefaultLapsedGrace
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	s := &Store{
+		pool:        pool,
+		table:       table,
+		opts:        opts,
+		sql:         newStatements(table),
+		ddlLock:     lockKey("ddl", table),
+		cleanupLock: lockKey("cleanup", table),
+		stop:        stop,
+		cleanupDone: make(chan struct{}),
+	}
+	go s.cleanupLoop(ctx)
+	return s, nil
+}
+
+// Close stops the cleanup goroutine, waiting for a run in progress to give
+// up, and closes the pool. It is idempotent and returns nil.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.stop()
+		<-s.cleanupDone
+		s.pool.Close()
+	})
+	return nil
+}
+
+// Pool returns the store's connection pool, for its statistics. It is
+// closed by Close; do not close it yourself.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Table returns the sanitized (quoted) table name the store uses.
+func (s *Store) Table() string { return s.table }
+
+// tablePart is one part of a table name. Lower case only: PostgreSQL folds
+// unquoted names to lower case, so a quoted mixed-case name would not be
+// the table an operator created by hand.
+var tablePart = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names are truncated
+// by the server, which would make two configured names one table.
+const maxIdentifier = 63
+
+// sanitizeTable validates a name or schema.name and returns it quoted.
+func sanitizeTable(name string) (string, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return "", fmt.Errorf("postgres: table %q: want name or schema.name", name)
+	}
+	for _, p := range parts {
+		if !tablePart.MatchString(p) || len(p) > maxIdentifier {
+			return "", fmt.Errorf("postgres: table %q: each part must be 1-%d lower-case letters, digits or underscores, not starting with a digit", name, maxIdentifier)
+		}
+	}
+	return pgx.Identifier(parts).Sanitize(), nil
+}
+
+// lockKey derives an advisory lock key for purpose on table. Advisory
+// locks live in one key space per database, shared with any other
+// application; a 64-bit hash with a product prefix keeps collisions out.
+func lockKey(purpose, table string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("caddy-idempotency/" + purpose + "/" + table))
+	return int64(h.Sum64())
+}

@@ -1,0 +1,141 @@
+package postgres_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/storagetest"
+)
+
+// The tests run against the server named by IDEMPOTENCY_POSTGRES_DSN
+// (default: loopback, database test), each on tables of its own; see
+// internal/pgtest.
+
+// testPool returns a pool of at most maxConns connections on dsn. The
+// store that gets it closes it.
+func testPool(t testing.TB, dsn string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// newStore returns a store on a fresh table of the test server, closed and
+// dropped when the test ends. opts.Table is filled in when empty; the
+// table is created on first use.
+func newStore(t testing.TB, opts postgres.Options) *postgres.Store {
+	t.Helper()
+	dsn := pgtest.Require(t)
+	if opts.Table == "" {
+		opts.Table = pgtest.Table(t, dsn)
+	}
+	opts.CreateTable = true
+	return openStore(t, testPool(t, dsn, 16), opts)
+}
+
+// openStore builds a store on pool, closed when the test ends.
+func openStore(t testing.TB, pool *pgxpool.Pool, opts postgres.Options) *postgres.Store {
+	t.Helper()
+	s, err := postgres.New(pool, opts)
+	if err != nil {
+		pool.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	storagetest.Run(t, newStore(t, postgres.Options{}))
+}
+
+// TestConformanceWithoutStatementCache runs the suite in the query modes
+// that need no prepared statements kept on a session: what a DSN sets
+// (default_query_exec_mode=exec or simple_protocol) to go through a
+// transaction-pooling proxy such as PgBouncer.
+func TestConformanceWithoutStatementCache(t *testing.T) {
+	for _, mode := range []string{"exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			dsn := pgtest.Require(t)
+			cfg, err := pgxpool.ParseConfig(dsn + withParam(dsn) + "default_query_exec_mode=" + mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.MaxConns = 8
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			storagetest.Run(t, openStore(t, pool, postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true}))
+		})
+	}
+}
+
+// withParam returns what joins one more parameter to dsn.
+func withParam(dsn string) string {
+	switch {
+	case !strings.Contains(dsn, "://"):
+		return " "
+	case strings.Contains(dsn, "?"):
+		return "&"
+	}
+	return "?"
+}
+
+func BenchmarkPostgres(b *testing.B) {
+	storagetest.Bench(b, newStore(b, postgres.Options{}))
+}
+
+var (
+	fpA = []byte("fingerprint A, as long as a SHA-256")
+	fpB = []byte("fingerprint B, as long as a SHA-256")
+)
+
+// ok is a helper for store calls that must succeed.
+func ok(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// acquire reserves key and fails unless it is acquired.
+func acquire(t testing.TB, s storage.Store, key storage.Key, fp []byte, lease time.Duration) storage.Token {
+	t.Helper()
+	res, err := s.Reserve(context.Background(), key, fp, lease)
+	if err != nil || res.Outcome != storage.Acquired {
+		t.Fatalf("Reserve(%q) = %v, %v; want acquired", key.ID, res.Outcome, err)
+	}
+	return res.Token
+}
+
+// outcome reserves key and returns what happened.
+func outcome(t testing.TB, s storage.Store, key storage.Key, fp []byte) storage.Outcome {
+	t.Helper()
+	res, err := s.Reserve(context.Background(), key, fp, time.Minute)
+	if err != nil {
+		t.Fatalf("Reserve(%q): %v", key.ID, err)
+	}
+	return res.Outcome
+}
+
+// completed stores a small completed record under key for ttl.
+func completed(t testing.TB, s storage.Store, key storage.Key, ttl time.Duration) {
+	t.Helper()
+	tok := acquire(t, s, key, fpA, time.Minute)
+	ok(t, s.Complete(context.Background(), key, tok, &storage.Response{Status: 201, Body: []byte("done")}, ttl))
+}

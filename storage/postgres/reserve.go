@@ -1,0 +1,142 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// maxReserveAttempts bounds the reserve/lookup rounds of one Reserve. Each
+// extra round means the key changed hands between two statements, which
+// takes a competitor's whole round trip; a few in a row means something is
+// churning the key far faster than any client retries.
+const maxReserveAttempts = 8
+
+// Reserve implements storage.Store, in one statement in the common cases.
+//
+// The statement (see statements.reserve) answers from the live row its
+// snapshot shows, or else inserts the key or takes over an expired or
+// lapsed row. The snapshot is taken when the statement starts, while ON
+// CONFLICT sees the latest committed row: under READ COMMITTED, a row that
+// a concurrent reserver inserted (or took over) and committed after our
+// snapshot makes the insert conflict while the snapshot shows no live row,
+// and the statement returns nothing. Reserve then reads the row in a new
+// statement, whose snapshot has it; if the row is gone by then (released,
+// deleted, lapsed), it starts over. Every Reserve therefore ends with a
+// definite outcome, at the price of an extra round trip in that race,
+// which only concurrent requests for the same key run into.
+func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
+	if lease <= 0 {
+		return storage.Reservation{}, fmt.Errorf("postgres reserve: lease %v is not positive", lease)
+	}
+	if err := s.ensureSchema(ctx); err != nil {
+		return storage.Reservation{}, s.fail("reserve", err)
+	}
+	if fp == nil {
+		fp = []byte{} // nil would be NULL
+	}
+	tok := storage.NewToken()
+	for range maxReserveAttempts {
+		var row existingRow
+		err := s.pool.QueryRow(ctx, s.sql.reserve, key.Scope, key.ID, fp, int64(tok), micros(lease)).
+			Scan(row.reserveDest()...)
+		switch {
+		case err == nil && row.acquired:
+			return storage.Reservation{Outcome: storage.Acquired, Token: tok}, nil
+		case err == nil:
+			return row.reservation(fp)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return storage.Reservation{}, s.fail("reserve", err)
+		}
+
+		// The visibility gap: the row exists but our snapshot predates it.
+		s.fallbacks.Add(1)
+		err = s.pool.QueryRow(ctx, s.sql.lookup, key.Scope, key.ID, fp).Scan(row.dest()...)
+		switch {
+		case err == nil:
+			return row.reservation(fp)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return storage.Reservation{}, s.fail("reserve", err)
+		}
+		// Gone again: try to take it.
+	}
+	return storage.Reservation{}, fmt.Errorf("postgres reserve: the key changed hands %d times during one reservation", maxReserveAttempts)
+}
+
+// existingRow is a live record as the reserve and lookup statements
+// describe it (see the existing column list), or, from reserve, the news
+// that the caller acquired the key.
+type existingRow struct {
+	acquired    bool
+	same        bool
+	state       int16
+	created     time.Time
+	expires     time.Time
+	status      int32
+	headers     []byte
+	body        []byte
+	bodyOmitted bool
+}
+
+// dest lists where lookup's columns go.
+func (r *existingRow) dest() []any {
+	return []any{&r.same, &r.state, &r.created, &r.expires, &r.status, &r.headers, &r.body, &r.bodyOmitted}
+}
+
+// reserveDest lists where reserve's columns go: acquired, then lookup's.
+func (r *existingRow) reserveDest() []any {
+	return []any{&r.acquired, &r.same, &r.state, &r.created, &r.expires, &r.status, &r.headers, &r.body, &r.bodyOmitted}
+}
+
+// reservation answers a Reserve that found the live record r. The
+// fingerprint is the caller's own (the row's is equal, or the answer is
+// Mismatch), copied because callers reuse their buffers.
+func (r *existingRow) reservation(fp []byte) (storage.Reservation, error) {
+	if !r.same {
+		return storage.Reservation{Outcome: storage.Mismatch}, nil
+	}
+	rec := &storage.Record{
+		Fingerprint: bytes.Clone(fp),
+		CreatedAt:   r.created,
+		ExpiresAt:   r.expires,
+	}
+	switch r.state {
+	case stateInFlight:
+		// No token: a competing caller never learns the owner's lease.
+		rec.State = storage.InFlight
+		return storage.Reservation{Outcome: storage.Conflict, Record: rec}, nil
+	case stateCompleted:
+		resp, err := response(r.status, r.headers, r.body, r.bodyOmitted)
+		if err != nil {
+			return storage.Reservation{}, fmt.Errorf("postgres reserve: %w", err)
+		}
+		rec.State = storage.Completed
+		rec.Response = resp
+		return storage.Reservation{Outcome: storage.Replay, Record: rec}, nil
+	}
+	return storage.Reservation{}, fmt.Errorf("postgres reserve: %w: state %d", storage.ErrCorrupt, r.state)
+}
+
+// response rebuilds a recorded response from its columns.
+func response(status int32, headers, body []byte, omitted bool) (*storage.Response, error) {
+	h, err := storage.DecodeHeader(headers)
+	if err != nil {
+		return nil, err
+	}
+	if len(body) == 0 {
+		body = nil
+	}
+	return &storage.Response{Status: int(status), Header: h, Body: body, BodyOmitted: omitted}, nil
+}
+
+// micros converts a positive duration to whole microseconds, rounding up
+// so that a sub-microsecond lease or TTL is not zero.
+func micros(d time.Duration) int64 {
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}

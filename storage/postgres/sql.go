@@ -1,0 +1,106 @@
+package postgres
+
+import "strings"
+
+// Record states as stored in the state column.
+const (
+	stateInFlight  = 1
+	stateCompleted = 2
+)
+
+// statements holds the SQL of every operation, with the table name
+// interpolated once in New. Everything else is a bind parameter, and pgx
+// prepares each statement once per connection (its statement cache), so an
+// operation is one round trip after that.
+//
+// Durations travel as microseconds ($n::bigint * interval '1 microsecond'),
+// timestamptz's resolution, and every time is computed from the server's
+// now(): instances with skewed clocks still agree on what has expired.
+type statements struct {
+	reserve, lookup                           string
+	complete, release, renew, get, delete     string
+	cleanupBatch, tryCleanupLock, cleanupDone string
+}
+
+// existing is the column list that describes a live record to a caller
+// that did not get it: whether the fingerprint matches, state, times, and
+// the response only for a replay (same fingerprint, completed), so that a
+// mismatch or a conflict never ships a body.
+const existing = `e.fingerprint = $3 AS same, e.state, e.created_at, e.expires_at,
+	COALESCE(e.status, 0) AS status,
+	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.headers END AS headers,
+	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.body END AS body,
+	e.body_omitted`
+
+func newStatements(table string) statements {
+	q := func(s string) string { return strings.ReplaceAll(s, "{table}", table) }
+	return statements{
+		// The live row, if the statement's snapshot shows one, answers at
+		// once and nothing is written: a replay or a conflict is a
+		// read-only transaction (no row lock, no WAL flush on commit).
+		// Otherwise the INSERT decides (insert-first: of concurrent
+		// reservers the primary key lets exactly one in), and a row that
+		// exists but has expired (completed) or whose lease lapsed (in
+		// flight) is taken over by its DO UPDATE, whose WHERE PostgreSQL
+		// evaluates on the latest, locked version of the row. When the
+		// INSERT conflicts with a live row the snapshot did not show, the
+		// statement returns nothing: see Store.Reserve.
+		reserve: q(`WITH live AS (
+	SELECT ` + existing + `
+	FROM {table} e
+	WHERE e.scope = $1 AND e.key = $2 AND e.expires_at > now()
+), taken AS (
+	INSERT INTO {table} AS r (scope, key, fingerprint, state, token, created_at, expires_at)
+	SELECT $1::text, $2::text, $3::bytea, 1, $4::bigint, now(), now() + $5::bigint * interval '1 microsecond'
+	WHERE NOT EXISTS (SELECT FROM live)
+	ON CONFLICT (scope, key) DO UPDATE SET
+		fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
+		status = NULL, headers = NULL, body = NULL, body_omitted = false,
+		created_at = excluded.created_at, expires_at = excluded.expires_at
+	WHERE r.expires_at <= now()
+	RETURNING 1
+)
+SELECT true, true, 1::smallint, now(), now(), 0, NULL::bytea, NULL::bytea, false FROM taken
+UNION ALL
+SELECT false, live.* FROM live`),
+
+		// lookup is reserve's live row on its own, read in a new statement
+		// (hence a new snapshot) when reserve returned no row.
+		lookup: q(`SELECT ` + existing + `
+FROM {table} e
+WHERE e.scope = $1 AND e.key = $2 AND e.expires_at > now()`),
+
+		// Complete, Release and Renew name the lease by its token (fencing)
+		// and ignore expiry: a lapsed lease that nobody took over is still
+		// its owner's.
+		complete: q(`UPDATE {table} SET state = 2, token = 0,
+	status = $4, headers = $5, body = $6, body_omitted = $7,
+	expires_at = now() + $8::bigint * interval '1 microsecond'
+WHERE scope = $1 AND key = $2 AND state = 1 AND token = $3`),
+		release: q(`DELETE FROM {table} WHERE scope = $1 AND key = $2 AND state = 1 AND token = $3`),
+		renew: q(`UPDATE {table} SET expires_at = now() + $4::bigint * interval '1 microsecond'
+WHERE scope = $1 AND key = $2 AND state = 1 AND token = $3`),
+
+		get: q(`SELECT fingerprint, state, token, created_at, expires_at,
+	COALESCE(status, 0), headers, CASE WHEN $3 THEN body END, body_omitted
+FROM {table} WHERE scope = $1 AND key = $2 AND expires_at > now()`),
+		delete: q(`DELETE FROM {table} WHERE scope = $1 AND key = $2 AND expires_at > now()`),
+
+		// One batch of expired rows: completed ones once expired, in-flight
+		// ones LapsedGrace ($1) after their lease lapsed. The ctids are
+		// picked through the expires_at index and deleted by a TID scan;
+		// the condition is repeated on the DELETE itself because a row
+		// taken over between the two steps is a new, live version that
+		// PostgreSQL re-checks (and then keeps) instead of deleting.
+		cleanupBatch: q(`DELETE FROM {table}
+WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM {table}
+	WHERE expires_at <= now()
+		AND (state = 2 OR expires_at <= now() - $1::bigint * interval '1 microsecond')
+	LIMIT $2))
+	AND expires_at <= now()
+	AND (state = 2 OR expires_at <= now() - $1::bigint * interval '1 microsecond')`),
+		tryCleanupLock: `SELECT pg_try_advisory_lock($1)`,
+		cleanupDone:    `SELECT pg_advisory_unlock($1)`,
+	}
+}
