@@ -77,6 +77,9 @@ type bufferedBody struct {
 // Bytes returns the unread body. Only valid before it is handed on.
 func (b *bufferedBody) Bytes() []byte { return b.buf.Bytes() }
 
+// Len is len(b.Bytes()).
+func (b *bufferedBody) Len() int { return b.buf.Len() }
+
 func (b *bufferedBody) Read(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -52,7 +52,9 @@ func TestOversizeBodyIsRejectedWithoutRunning(t *testing.T) {
 	if n := records(h); n != 0 {
 		t.Fatalf("oversize bodies left %d records", n)
 	}
-	if w := serve(h, up, request("k", strings.Repeat("x", 16))); w.Code != http.StatusCreated {
+	atLimit := request("k", strings.Repeat("x", 16))
+	atLimit.Header.Set("Content-Type", "text/plain")
+	if w := serve(h, up, atLimit); w.Code != http.StatusCreated {
 		t.Fatalf("body at the limit: %d, want 201", w.Code)
 	}
 }

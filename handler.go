@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -92,7 +93,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	defer body.Close()
 
 	var sum [fingerprint.Size]byte
-	fp := h.fingerprint.Sum(sum[:0], r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, body.Bytes())
+	fp, canonical := h.fingerprint.SumJSON(sum[:0], r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, body.Bytes())
+	if !canonical && h.fingerprint.CanonicalJSON() && body.Len() > 0 && declaresJSON(r.Header) && !json.Valid(body.Bytes()) {
+		// A body that says it is JSON and is not cannot be compared by
+		// meaning, and no JSON upstream can act on it: refuse it here,
+		// before anything is stored.
+		return h.reject(w, r, repl, outcomeInvalid, problemBodyNotJSON,
+			"the request body is declared as JSON but is not valid JSON")
+	}
 
 	// Store calls outlive the client: a reservation made for a client that
 	// hung up mid-call must still be answered for.
@@ -294,6 +302,15 @@ func (h *Handler) release(key storage.Key, token storage.Token, why string) {
 			c.Write(zap.String("key_hash", keyHash(key)), zap.String("reason", why))
 		}
 	}
+}
+
+// declaresJSON reports whether the request's Content-Type is JSON
+// (application/json or any +json type).
+func declaresJSON(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
 }
 
 // keyDetail turns a key parsing error into the detail of a 400.

@@ -15,13 +15,14 @@ type problem struct {
 }
 
 var (
-	problemKeyMissing = problem{http.StatusBadRequest, "key-missing", "Idempotency-Key is missing"}
-	problemKeyInvalid = problem{http.StatusBadRequest, "key-invalid", "Idempotency-Key is invalid"}
-	problemConflict   = problem{http.StatusConflict, "request-outstanding", "A request is outstanding for this Idempotency-Key"}
-	problemMismatch   = problem{http.StatusUnprocessableEntity, "key-reused", "Idempotency-Key is already used"}
-	problemTooLarge   = problem{http.StatusRequestEntityTooLarge, "body-too-large", "Request body is too large for an idempotent request"}
-	problemStoreDown  = problem{http.StatusServiceUnavailable, "store-unavailable", "Idempotency store is unavailable"}
-	problemStoreFull  = problem{http.StatusServiceUnavailable, "store-full", "Idempotency store is full"}
+	problemKeyMissing  = problem{http.StatusBadRequest, "key-missing", "Idempotency-Key is missing"}
+	problemKeyInvalid  = problem{http.StatusBadRequest, "key-invalid", "Idempotency-Key is invalid"}
+	problemConflict    = problem{http.StatusConflict, "request-outstanding", "A request is outstanding for this Idempotency-Key"}
+	problemMismatch    = problem{http.StatusUnprocessableEntity, "key-reused", "Idempotency-Key is already used"}
+	problemBodyNotJSON = problem{http.StatusBadRequest, "body-invalid-json", "Request body is not valid JSON"}
+	problemTooLarge    = problem{http.StatusRequestEntityTooLarge, "body-too-large", "Request body is too large for an idempotent request"}
+	problemStoreDown   = problem{http.StatusServiceUnavailable, "store-unavailable", "Idempotency store is unavailable"}
+	problemStoreFull   = problem{http.StatusServiceUnavailable, "store-full", "Idempotency store is full"}
 )
 
 // problemTypeBase prefixes problem slugs to make type URIs: stable

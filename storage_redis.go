@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
@@ -20,6 +22,19 @@ import (
 
 func init() {
 	caddy.RegisterModule(RedisStorage{})
+	// go-redis logs pool and pub/sub trouble to stderr on its own; send it
+	// to Caddy's log instead, at debug level: the store's callers already
+	// report what a failure means for the request.
+	goredis.SetLogger(redisLogger{})
+}
+
+// redisLogger forwards go-redis's internal messages to Caddy's logger.
+type redisLogger struct{}
+
+func (redisLogger) Printf(_ context.Context, format string, v ...any) {
+	if c := caddy.Log().Named("idempotency.redis").Check(zapcore.DebugLevel, fmt.Sprintf(format, v...)); c != nil {
+		c.Write()
+	}
 }
 
 // Defaults of the Redis storage.

@@ -88,6 +88,14 @@ var sumPool = sync.Pool{New: func() any { return &sumState{h: sha256.New()} }}
 // then a body tag ('J' canonical JSON, 'R' raw bytes) and the
 // length-prefixed body.
 func (f *Fingerprinter) Sum(dst []byte, method, path, rawQuery string, header http.Header, body []byte) []byte {
+	dst, _ = f.SumJSON(dst, method, path, rawQuery, header, body)
+	return dst
+}
+
+// SumJSON is Sum that also reports whether the body was hashed as canonical
+// JSON (false when canonicalisation is off or the body is not JSON it could
+// canonicalise).
+func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, header http.Header, body []byte) (sum []byte, canonical bool) {
 	var cfg Fingerprinter
 	if f != nil {
 		cfg = *f
@@ -132,7 +140,7 @@ func (f *Fingerprinter) Sum(dst []byte, method, path, rawQuery string, header ht
 	if cap(st.frame) <= maxPooledBytes && cap(st.canon) <= maxPooledBytes {
 		sumPool.Put(st)
 	}
-	return dst
+	return dst, tag == bodyCanonical
 }
 
 // appendString appends s with a uvarint length prefix, which keeps adjacent
