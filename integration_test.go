@@ -69,9 +69,15 @@ func freePort(t *testing.T) int {
 // loadCaddyfile adapts and runs a Caddyfile site body on a fresh port and
 // returns the site's base URL. The config stays loaded until the test ends.
 func loadCaddyfile(t *testing.T, port int, site string) string {
+	return loadCaddyfileGlobals(t, port, "admin off", site)
+}
+
+// loadCaddyfileGlobals is loadCaddyfile with more global options (which
+// must set the admin endpoint, "admin off" or an address).
+func loadCaddyfileGlobals(t *testing.T, port int, globals, site string) string {
 	t.Helper()
 	cfg := fmt.Sprintf(`{
-	admin off
+	%s
 	auto_https off
 	persist_config off
 	http_port %d
@@ -83,7 +89,7 @@ func loadCaddyfile(t *testing.T, port int, site string) string {
 http://127.0.0.1:%d {
 %s
 }
-`, port, port, site)
+`, globals, port, port, site)
 	adapter := caddyconfig.GetAdapter("caddyfile")
 	js, warnings, err := adapter.Adapt(caddyfile.Format([]byte(cfg)), map[string]any{"filename": "Caddyfile"})
 	if err != nil {

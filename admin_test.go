@@ -1,0 +1,237 @@
+package idempotency
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
+)
+
+// adminCall runs one admin API request against the module's handlers.
+func adminCall(t *testing.T, method, path string) (int, map[string]any) {
+	t.Helper()
+	var a adminAPI
+	var handler func(http.ResponseWriter, *http.Request) error
+	for _, route := range a.Routes() {
+		if strings.HasPrefix(path, route.Pattern) {
+			handler = route.Handler.ServeHTTP
+		}
+	}
+	if handler == nil {
+		t.Fatalf("no admin route for %s", path)
+	}
+	w := httptest.NewRecorder()
+	if err := handler(w, httptest.NewRequest(method, path, nil)); err != nil {
+		t.Fatalf("admin handler error: %v", err)
+	}
+	var body map[string]any
+	if w.Body.Len() > 0 && w.Body.Bytes()[0] == '{' {
+		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+			t.Fatalf("admin body %q: %v", w.Body.String(), err)
+		}
+	}
+	return w.Code, body
+}
+
+func keysPath(key, scope, extra string) string {
+	return "/idempotency/keys?key=" + url.QueryEscape(key) + "&scope=" + url.QueryEscape(scope) + extra
+}
+
+// storeID finds the pool id of h's store.
+func storeID(t *testing.T, h *Handler) string {
+	t.Helper()
+	var id string
+	stores.Range(func(k, v any) bool {
+		if v.(*pooledStore).Store == h.store {
+			id = k.(string)
+			return false
+		}
+		return true
+	})
+	if id == "" {
+		t.Fatal("handler's store is not in the pool")
+	}
+	return id
+}
+
+// testAdminShowsAndDeletes exercises the admin API on h's store.
+func testAdminShowsAndDeletes(t *testing.T, h *Handler) {
+	up := &upstream{}
+	r := request("admin-key", `{"a":1}`)
+	r.Header.Set("Authorization", "Bearer alice")
+	serve(h, up, r)
+	scope := "example.com Bearer alice"
+	sel := "&store=" + url.QueryEscape(storeID(t, h))
+
+	code, body := adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel))
+	if code != http.StatusOK {
+		t.Fatalf("GET: %d %v", code, body)
+	}
+	recs := body["records"].([]any)
+	if len(recs) != 1 {
+		t.Fatalf("records %v", recs)
+	}
+	rec := recs[0].(map[string]any)
+	if rec["state"] != "completed" || rec["status"] != float64(http.StatusCreated) || rec["key_hash"] == "" {
+		t.Fatalf("record %v", rec)
+	}
+	if _, ok := rec["body"]; ok {
+		t.Fatal("body shown without body=true")
+	}
+	if len(rec["fingerprint"].(string)) != 64 || rec["expires_at"] == "" || rec["created_at"] == "" {
+		t.Fatalf("record lacks fingerprint or times: %v", rec)
+	}
+
+	code, body = adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel+"&body=true"))
+	got, _ := base64.StdEncoding.DecodeString(body["records"].([]any)[0].(map[string]any)["body"].(string))
+	if code != http.StatusOK || string(got) != `{"order":42}` {
+		t.Fatalf("GET body=true: %d %q", code, got)
+	}
+
+	// The hashed form of the scope names the same record.
+	code, _ = adminCall(t, http.MethodGet, "/idempotency/keys?key=admin-key&scope_hash="+hashHex(scope)+sel)
+	if code != http.StatusOK {
+		t.Fatalf("GET by scope_hash: %d", code)
+	}
+
+	if code, _ := adminCall(t, http.MethodDelete, keysPath("admin-key", scope, sel)); code != http.StatusOK {
+		t.Fatalf("DELETE: %d", code)
+	}
+	if code, body := adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel)); code != http.StatusNotFound || body["type"] == nil {
+		t.Fatalf("GET after DELETE: %d %v, want a 404 problem", code, body)
+	}
+	r = request("admin-key", `{"a":2}`) // another body: a fresh run, not a 422
+	r.Header.Set("Authorization", "Bearer alice")
+	if w := serve(h, up, r); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("after DELETE the key must be free: %d", w.Code)
+	}
+}
+
+func TestAdminShowsAndDeletesMemoryRecords(t *testing.T) {
+	testAdminShowsAndDeletes(t, isolated(t, &Handler{}))
+}
+
+func TestAdminShowsAndDeletesRedisRecords(t *testing.T) {
+	testAdminShowsAndDeletes(t, onRedis(t, &Handler{}, sharedRedis(t), redisPrefix(), ""))
+}
+
+func TestAdminShowsAndDeletesPostgresRecords(t *testing.T) {
+	dsn := pgtest.Require(t)
+	testAdminShowsAndDeletes(t, onPostgres(t, &Handler{}, dsn, pgtest.Table(t, dsn), ""))
+}
+
+func TestAdminClearsAKeyStuckInFlight(t *testing.T) {
+	h := isolated(t, &Handler{})
+	started, release := make(chan struct{}), make(chan struct{})
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		close(started)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}}
+	done := make(chan struct{})
+	go func() { serve(h, up, request("stuck", "{}")); close(done) }()
+	<-started
+	sel := "&store=" + url.QueryEscape(storeID(t, h))
+	code, body := adminCall(t, http.MethodGet, keysPath("stuck", "example.com ", sel))
+	if code != http.StatusOK || body["records"].([]any)[0].(map[string]any)["state"] != "in_flight" {
+		t.Fatalf("GET in flight: %d %v", code, body)
+	}
+	if code, _ := adminCall(t, http.MethodDelete, keysPath("stuck", "example.com ", sel)); code != http.StatusOK {
+		t.Fatalf("DELETE: %d", code)
+	}
+	up.serve = nil
+	if w := serve(h, up, request("stuck", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("a cleared key must run again: %d", w.Code)
+	}
+	close(release)
+	<-done
+	// The first request's late completion is fenced: the second one's
+	// record stays.
+	if w := serve(h, up, request("stuck", "{}")); w.Body.String() != `{"order":42}` {
+		t.Fatalf("replay %q", w.Body.String())
+	}
+}
+
+func TestAdminErrorsAreProblems(t *testing.T) {
+	isolated(t, &Handler{}) // at least one live store
+	cases := []struct {
+		method, path string
+		status       int
+	}{
+		{http.MethodGet, "/idempotency/keys?scope=x", http.StatusBadRequest},
+		{http.MethodGet, "/idempotency/keys?key=k", http.StatusBadRequest},
+		{http.MethodGet, "/idempotency/keys?key=k&scope=x&scope_hash=" + hashHex("x"), http.StatusBadRequest},
+		{http.MethodGet, "/idempotency/keys?key=k&scope_hash=zz", http.StatusBadRequest},
+		{http.MethodGet, "/idempotency/keys?key=k&scope=x&store=nosuch", http.StatusNotFound},
+		{http.MethodGet, "/idempotency/keys?key=never-used&scope=x", http.StatusNotFound},
+		{http.MethodPost, "/idempotency/keys?key=k&scope=x", http.StatusMethodNotAllowed},
+		{http.MethodDelete, "/idempotency/stores", http.StatusMethodNotAllowed},
+	}
+	for _, c := range cases {
+		code, body := adminCall(t, c.method, c.path)
+		if code != c.status || body["title"] == nil || body["detail"] == nil {
+			t.Errorf("%s %s: %d %v, want a %d problem", c.method, c.path, code, body, c.status)
+		}
+	}
+}
+
+func TestAdminListsLiveStores(t *testing.T) {
+	h := isolated(t, &Handler{})
+	id := storeID(t, h)
+	var a adminAPI
+	w := httptest.NewRecorder()
+	if err := a.handleStores(w, httptest.NewRequest(http.MethodGet, "/idempotency/stores", nil)); err != nil {
+		t.Fatal(err)
+	}
+	var list []storeInfo
+	if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range list {
+		if s.ID == id && s.Backend == "memory" && s.Handlers >= 1 {
+			return
+		}
+	}
+	t.Fatalf("store %s not listed: %+v", id, list)
+}
+
+func TestAdminAPIOnCaddysAdminEndpoint(t *testing.T) {
+	up := newCountingUpstream(t)
+	adminPort := freePort(t)
+	base := loadCaddyfileGlobals(t, freePort(t), fmt.Sprintf("admin 127.0.0.1:%d", adminPort), `
+	idempotency
+	reverse_proxy `+up.Listener.Addr().String())
+	post(t, base+"/orders", "via-admin", `{}`)
+	scope := "127.0.0.1 " // host, then an empty Authorization
+	adminURL := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	resp, err := http.Get(adminURL + keysPath("via-admin", scope, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"state":"completed"`) {
+		t.Fatalf("admin GET: %d %s", resp.StatusCode, b)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, adminURL+keysPath("via-admin", scope, ""), nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("admin DELETE: %d", resp.StatusCode)
+	}
+	post(t, base+"/orders", "via-admin", `{}`)
+	if up.calls.Load() != 2 {
+		t.Fatalf("after an admin DELETE the key must run again: %d calls", up.calls.Load())
+	}
+}
