@@ -1,0 +1,37 @@
+package main
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// upstream is the application behind Caddy: it reads the body and answers
+// 201 with a small JSON document, counting executions. It is as cheap as
+// a handler can be, so the benchmark measures Caddy, not the application.
+type upstream struct {
+	addr  string
+	calls atomic.Int64
+	srv   *http.Server
+}
+
+var upstreamBody = []byte(`{"id":"ord_1f8a3c","status":"created","amount":1000,"currency":"eur"}`)
+
+func startUpstream() (*upstream, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	u := &upstream{addr: l.Addr().String()}
+	u.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		u.calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(upstreamBody)
+	})}
+	go func() { _ = u.srv.Serve(l) }()
+	return u, nil
+}
