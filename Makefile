@@ -1,8 +1,9 @@
 # Everyday targets:
 #   make run     Caddy with this module on Caddyfile.example (memory store)
 #   make test    every test, against real Redis and PostgreSQL (started if needed),
-#                plus the documented xcaddy build
-#   make fuzz    longer fuzzing runs (FUZZTIME per target, default 1m)
+#                including the end-to-end suite (e2e/: real Caddy processes), a short
+#                run of every fuzz target, and the documented xcaddy build
+#   make fuzz    longer fuzzing runs of every fuzz target (FUZZTIME each, default 1m)
 
 GO           ?= go
 GOBIN        := $(shell $(GO) env GOPATH)/bin
@@ -13,13 +14,14 @@ MODULE       := github.com/caddy-idempotency/caddy-idempotency
 # about this (unpublished) module; see xcaddy.md.
 PSEUDO       := v0.0.0-00010101000000-000000000000
 FUZZTIME     ?= 1m
+FUZZTIME_SHORT ?= 10s
 
-.PHONY: run test services unit build check-build fuzz
+.PHONY: run test services unit build check-build fuzz fuzz-short
 
 run:
 	$(GO) run ./cmd/caddy run --config Caddyfile.example
 
-test: services unit check-build
+test: services unit fuzz-short check-build
 
 services:
 	bash scripts/services.sh
@@ -50,3 +52,10 @@ check-build: build
 fuzz:
 	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./storage/ -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./storage/ -run '^$$' -fuzz '^FuzzAppendDecodeRoundTrip$$' -fuzztime $(FUZZTIME)
+
+# Every fuzz target for a short while, as part of make test (their seed
+# corpora also run as plain tests in unit).
+fuzz-short:
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_SHORT)

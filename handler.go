@@ -102,6 +102,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"the request body is declared as JSON but is not valid JSON")
 	}
 
+	if h.pooled != nil {
+		// A reload may drop this handler's store while the request runs.
+		defer h.pooled.hold()()
+	}
+
 	// Store calls outlive the client: a reservation made for a client that
 	// hung up mid-call must still be answered for.
 	ctx := context.WithoutCancel(r.Context())

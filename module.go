@@ -141,6 +141,7 @@ type Handler struct {
 
 	store        storage.Store  // the shared store
 	ops          storage.Store  // store, timed for the latency metric: what requests use
+	pooled       *pooledStore   // store's pool entry, held while a request runs; nil if not pooled
 	waiter       storage.Waiter // nil when the store cannot notify
 	backend      string
 	methods      []string
@@ -277,6 +278,7 @@ func (h *Handler) loadStorage(ctx caddy.Context) error {
 	}
 	h.backend = mod.(caddy.Module).CaddyModule().ID.Name()
 	h.store = backend.Store()
+	h.pooled = pooledFor(h.store)
 	h.waiter, _ = h.store.(storage.Waiter)
 	h.ops = newTimedStore(h.store, h.backend)
 	return nil
@@ -346,10 +348,12 @@ func (h *Handler) validateSettings() error {
 }
 
 // Cleanup releases nothing of its own: the storage guest module is cleaned
-// up by Caddy with the rest of the config. It tolerates a half-provisioned
-// handler.
+// up by Caddy with the rest of the config. It leaves the handler's fields
+// alone: on a reload Caddy cleans the old config up as soon as the new one
+// runs, while requests the old one started may still be running (the old
+// servers shut down gracefully, without a deadline), and those requests
+// must still complete or release their keys.
 func (h *Handler) Cleanup() error {
-	h.store, h.ops, h.waiter = nil, nil, nil
 	return nil
 }
 

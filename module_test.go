@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -271,6 +272,39 @@ func TestProvisionSharesMemoryStore(t *testing.T) {
 	}
 	if a.store == c.store {
 		t.Error("different max_keys, same store")
+	}
+}
+
+// TestRequestRunningAcrossCleanupStillCompletes plays a reload under load:
+// Caddy cleans the old config up while requests it started are still
+// running (the old servers shut down without a deadline), and they must
+// still record their responses. A Cleanup that dropped the handler's store
+// made such requests panic after their upstream had run, leaving the key
+// in flight for a retry to run again.
+func TestRequestRunningAcrossCleanupStillCompletes(t *testing.T) {
+	h := isolated(t, &Handler{})
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	slow := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		close(entered)
+		<-proceed
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}}
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- serve(h, slow, request("across-cleanup", `{}`)) }()
+	<-entered
+	if err := h.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	close(proceed)
+	if w := <-done; w.Code != http.StatusCreated {
+		t.Fatalf("request running across Cleanup: %d", w.Code)
+	}
+	if w := serve(h, slow, request("across-cleanup", `{}`)); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %v, want a replay", w.Code, w.Header())
+	}
+	if n := slow.calls.Load(); n != 1 {
+		t.Fatalf("upstream ran %d times, want 1", n)
 	}
 }
 

@@ -5,8 +5,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -18,14 +20,66 @@ import (
 // and a memory store keeps its records.
 var stores = caddy.NewUsagePool()
 
-// pooledStore is a store in the pool; the last release closes it.
+// pooledStore is a store in the pool. When the last handler lets go of it,
+// it closes once the requests still running on it are done: on a reload
+// that changes the storage configuration, requests the old config started
+// must still complete or release their keys.
 type pooledStore struct {
 	storage.Store
 	backend string
+
+	mu         sync.Mutex
+	running    int  // requests between hold and their release
+	destructed bool // no handler uses the store any more
 }
 
+// live maps each pooled store to its pool entry, so that a handler can
+// hold the store it was given while a request runs.
+var live sync.Map // storage.Store -> *pooledStore
+
 // Destruct implements caddy.Destructor.
-func (p *pooledStore) Destruct() error { return p.Close() }
+func (p *pooledStore) Destruct() error {
+	p.mu.Lock()
+	p.destructed = true
+	idle := p.running == 0
+	p.mu.Unlock()
+	if !idle {
+		return nil // the last running request closes it
+	}
+	return p.close()
+}
+
+func (p *pooledStore) close() error {
+	live.Delete(p.Store)
+	return p.Close()
+}
+
+// hold keeps the store open until the returned release is called.
+func (p *pooledStore) hold() (release func()) {
+	p.mu.Lock()
+	p.running++
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		p.running--
+		last := p.running == 0 && p.destructed
+		p.mu.Unlock()
+		if last {
+			if err := p.close(); err != nil {
+				caddy.Log().Named("http.handlers.idempotency").Error("closing idempotency store", zap.String("backend", p.backend), zap.Error(err))
+			}
+		}
+	}
+}
+
+// pooledFor returns the pool entry of store, or nil for a store that is
+// not pooled (a third-party backend managing its own).
+func pooledFor(store storage.Store) *pooledStore {
+	if p, ok := live.Load(store); ok {
+		return p.(*pooledStore)
+	}
+	return nil
+}
 
 // storeKey names a storage configuration in the pool. It hashes the
 // configuration (secrets resolved) so that credentials never sit in a pool
@@ -47,7 +101,9 @@ func acquireStore(backend, key string, open func() (storage.Store, error)) (stor
 		if err != nil {
 			return nil, err
 		}
-		return &pooledStore{Store: s, backend: backend}, nil
+		p := &pooledStore{Store: s, backend: backend}
+		live.Store(s, p)
+		return p, nil
 	})
 	if err != nil {
 		return nil, err

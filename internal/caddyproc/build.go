@@ -1,6 +1,7 @@
-// Package caddyproc runs real Caddy processes built from this checkout, and
-// a counting upstream, for the end-to-end tests (e2e/) and the load
-// benchmark (bench/). It is not part of the module's API.
+// Package caddyproc runs real Caddy processes built from this checkout, a
+// counting upstream, and a TCP proxy that can cut a store's connections,
+// for the end-to-end tests (e2e/) and the load benchmark (bench/). It is
+// not part of the module's API.
 package caddyproc
 
 import (

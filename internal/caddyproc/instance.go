@@ -153,6 +153,20 @@ func (i *Instance) Stop() {
 	}
 }
 
+// PID is the process id: a test checks with it that Caddy was not
+// restarted.
+func (i *Instance) PID() int { return i.cmd.Process.Pid }
+
+// Running reports whether the process has not exited.
+func (i *Instance) Running() bool {
+	select {
+	case <-i.exited:
+		return false
+	default:
+		return true
+	}
+}
+
 // Log returns what the process has written so far.
 func (i *Instance) Log() string { return i.logBuf.String() }
 

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -99,8 +100,13 @@ func StartServer(t testing.TB) *Server {
 type Server struct {
 	// Addr is the server's host:port.
 	Addr string
+
+	bin, dir string
+	args     []string // extra arguments, kept for Restart
+
+	mu   sync.Mutex
 	cmd  *exec.Cmd
-	done chan struct{}
+	done chan struct{} // closed when cmd has exited
 }
 
 // StartCluster starts a Redis Cluster of n private primaries (no
@@ -174,35 +180,52 @@ func startServer(t testing.TB, bin string, extra ...string) (*Server, error) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	dir := t.TempDir()
-	cmd := exec.Command(bin, append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir,
-		"--logfile", dir + "/redis.log"}, extra...)...)
-	if err := cmd.Start(); err != nil {
+	s := &Server{
+		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		bin:  bin,
+		dir:  t.TempDir(),
+		args: extra,
+	}
+	if err := s.launch(); err != nil {
 		return nil, err
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(s.done) }()
 	t.Cleanup(s.Kill)
+	return s, nil
+}
+
+// launch runs redis-server on s.Addr and waits until it answers PING.
+func (s *Server) launch() error {
+	_, port, _ := net.SplitHostPort(s.Addr)
+	cmd := exec.Command(s.bin, append([]string{
+		"--port", port, "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--logfile", s.dir + "/redis.log"}, s.args...)...)
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		c, err := dial(s.Addr, 200*time.Millisecond)
 		if err == nil {
 			_, err = c.Do("PING")
 			c.Close()
 			if err == nil {
-				return s, nil
+				return nil
 			}
 		}
 		select {
-		case <-s.done:
-			log, _ := os.ReadFile(dir + "/redis.log")
-			return nil, fmt.Errorf("redis-server on port %d exited: %s", port, log)
+		case <-done:
+			log, _ := os.ReadFile(s.dir + "/redis.log")
+			return fmt.Errorf("redis-server on port %s exited: %s", port, log)
 		default:
 		}
 		if time.Now().After(deadline) {
 			s.Kill()
-			return nil, fmt.Errorf("redis-server on port %d: %v", port, err)
+			return fmt.Errorf("redis-server on port %s: %v", port, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -211,8 +234,28 @@ func startServer(t testing.TB, bin string, extra ...string) (*Server, error) {
 // Kill stops the server at once (SIGKILL), as a crash would, and waits
 // for the process to exit. It is idempotent.
 func (s *Server) Kill() {
-	_ = s.cmd.Process.Kill()
-	<-s.done
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+// Restart kills the server if it runs and starts it again on the same
+// port. Without persistence it comes back empty, as a Redis without
+// persistence does after a crash: every record it held is gone.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Kill()
+	var err error
+	// The port may linger briefly after the old process died.
+	for attempt := 0; attempt < 10; attempt++ {
+		if err = s.launch(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("restarting redis-server: %v", err)
 }
 
 // Monitor counts the commands that clients send to a server, by reading

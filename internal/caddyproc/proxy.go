@@ -1,0 +1,143 @@
+package caddyproc
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// Proxy forwards TCP connections from a loopback port to a server, and can
+// cut them: a network partition between Caddy and its store that a test
+// starts and ends at will, without touching the (shared) server behind it.
+//
+// While cut, nothing listens on Addr (connecting is refused at once) and
+// every connection that was open has been closed, as if the server had
+// gone away. Restore listens on the same port again, so clients configured
+// with Addr reconnect on their own.
+type Proxy struct {
+	// Addr is the host:port clients connect to.
+	Addr   string
+	target string
+
+	mu    sync.Mutex
+	ln    net.Listener // nil while cut or closed
+	conns map[net.Conn]struct{}
+	done  bool
+	wg    sync.WaitGroup
+}
+
+// NewProxy starts a proxy on a free loopback port that forwards to target.
+func NewProxy(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{Addr: ln.Addr().String(), target: target, conns: make(map[net.Conn]struct{})}
+	p.serve(ln)
+	return p, nil
+}
+
+func (p *Proxy) serve(ln net.Listener) {
+	p.ln = ln
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return // closed by Cut or Close
+			}
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				p.forward(ln, c)
+			}()
+		}
+	}()
+}
+
+// forward copies both ways between c and a new connection to the target
+// until either side ends, or the proxy cuts them.
+func (p *Proxy) forward(ln net.Listener, c net.Conn) {
+	s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.mu.Lock()
+	if p.ln != ln { // cut while this connection was being set up
+		p.mu.Unlock()
+		c.Close()
+		s.Close()
+		return
+	}
+	p.conns[c], p.conns[s] = struct{}{}, struct{}{}
+	p.mu.Unlock()
+
+	var once sync.Once
+	closeBoth := func() {
+		once.Do(func() {
+			c.Close()
+			s.Close()
+			p.mu.Lock()
+			delete(p.conns, c)
+			delete(p.conns, s)
+			p.mu.Unlock()
+		})
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		_, _ = io.Copy(s, c)
+		closeBoth()
+	}()
+	_, _ = io.Copy(c, s)
+	closeBoth()
+}
+
+// Cut stops listening and closes every open connection, both ways.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+		delete(p.conns, c)
+	}
+}
+
+// Restore listens on Addr again after Cut. It retries for a few seconds
+// in case the port is briefly not reusable.
+func (p *Proxy) Restore() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return errors.New("proxy closed")
+	}
+	if p.ln != nil {
+		return nil
+	}
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", p.Addr); err == nil {
+			p.serve(ln)
+			return nil
+		}
+	}
+	return err
+}
+
+// Close cuts the proxy for good and waits for its goroutines.
+func (p *Proxy) Close() {
+	p.Cut()
+	p.mu.Lock()
+	p.done = true
+	p.mu.Unlock()
+	p.wg.Wait()
+}

@@ -1,0 +1,122 @@
+package storage
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// codecSeeds are responses whose encodings seed the fuzz targets.
+var codecSeeds = []*Response{
+	{Status: 200},
+	{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Order": {"42"}}, Body: []byte(`{"order":42}`)},
+	{Status: 204, Header: http.Header{"Set-Cookie": {"a=1", "b=2"}, "Empty": {}, "Blank": {""}}},
+	{Status: 500, BodyOmitted: true, Header: http.Header{"Retry-After": {"1"}}},
+	{Status: 999, Body: []byte{0, 1, 2, 0xff}},
+}
+
+// FuzzDecodeResponse feeds arbitrary bytes to the decoders: they never
+// panic, only fail with ErrCorrupt, and what they accept encodes back to
+// something that decodes to the same response.
+func FuzzDecodeResponse(f *testing.F) {
+	for _, r := range codecSeeds {
+		f.Add(AppendResponse(nil, r))
+	}
+	f.Add([]byte{})
+	f.Add([]byte{codecVersion})
+	f.Add([]byte{codecVersion, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
+	f.Add([]byte{codecVersion, 0, 200, 1, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Add([]byte{2, 0, 200, 1, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if h, err := DecodeHeader(b); err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("DecodeHeader error %v does not wrap ErrCorrupt", err)
+			}
+		} else if again, err := DecodeHeader(AppendHeader(nil, h)); err != nil || !sameHeader(h, again) {
+			t.Fatalf("header %q re-encoded decodes to %q, %v", h, again, err)
+		}
+
+		r, err := DecodeResponse(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("DecodeResponse error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		if r.Status < 100 || r.Status > 999 {
+			t.Fatalf("decoded status %d", r.Status)
+		}
+		again, err := DecodeResponse(AppendResponse(nil, r))
+		if err != nil {
+			t.Fatalf("re-encoding %+v: %v", r, err)
+		}
+		if !sameResponse(r, again) {
+			t.Fatalf("decoded %+v, re-encoded and decoded %+v", r, again)
+		}
+	})
+}
+
+// FuzzAppendDecodeRoundTrip encodes responses built from fuzzed parts
+// (headers as "name: value" lines) and checks that they decode to what
+// went in, after whatever dst already held.
+func FuzzAppendDecodeRoundTrip(f *testing.F) {
+	f.Add([]byte(nil), uint16(201), false, "Content-Type: application/json\nX-Order: 42", []byte(`{"order":42}`))
+	f.Add([]byte("prefix"), uint16(500), true, "Set-Cookie: a=1\nSet-Cookie: b=2\nEmpty", []byte{})
+	f.Add([]byte{codecVersion}, uint16(0), false, ":\n:\n\n", []byte{0, 0xff})
+	f.Fuzz(func(t *testing.T, dst []byte, status uint16, omitted bool, header string, body []byte) {
+		in := &Response{Status: 100 + int(status)%900, BodyOmitted: omitted, Body: body}
+		if header != "" {
+			in.Header = make(http.Header)
+			for line := range strings.SplitSeq(header, "\n") {
+				name, value, hasValue := strings.Cut(line, ": ")
+				if hasValue {
+					in.Header[name] = append(in.Header[name], value)
+				} else if _, ok := in.Header[name]; !ok {
+					in.Header[name] = []string{} // a name without values
+				}
+			}
+		}
+		// A copy: the fuzzer may back dst and body with one array, and
+		// appending to dst would then overwrite body.
+		dst = bytes.Clone(dst)
+		prefix := bytes.Clone(dst)
+		enc := AppendResponse(dst, in)
+		if !bytes.Equal(enc[:len(prefix)], prefix) {
+			t.Fatalf("AppendResponse changed what dst held")
+		}
+		out, err := DecodeResponse(enc[len(prefix):])
+		if err != nil {
+			t.Fatalf("decoding %+v: %v", in, err)
+		}
+		if !sameResponse(in, out) {
+			t.Fatalf("encoded %+v, decoded %+v", in, out)
+		}
+	})
+}
+
+// sameResponse compares responses, nil and empty alike.
+func sameResponse(a, b *Response) bool {
+	return a.Status == b.Status && a.BodyOmitted == b.BodyOmitted &&
+		bytes.Equal(a.Body, b.Body) && sameHeader(a.Header, b.Header)
+}
+
+// sameHeader compares headers, nil and empty alike (maps and value lists).
+func sameHeader(a, b http.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for name, av := range a {
+		bv, ok := b[name]
+		if !ok || len(av) != len(bv) {
+			return false
+		}
+		for i := range av {
+			if av[i] != bv[i] {
+				return false
+			}
+		}
+	}
+	return true
+}
