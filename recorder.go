@@ -22,7 +22,7 @@ import (
 // as the body is still being kept. Flushing, deadlines and full duplex
 // reach the client's writer through Unwrap.
 type recorder struct {
-	*caddyhttp.ResponseWriterWrapper
+	caddyhttp.ResponseWriterWrapper
 
 	limit     int64
 	status    int         // final status; 0 until written
@@ -34,7 +34,7 @@ type recorder struct {
 }
 
 func newRecorder(w http.ResponseWriter, limit int64) *recorder {
-	return &recorder{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, limit: limit}
+	return &recorder{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, limit: limit}
 }
 
 // WriteHeader records the final status and a copy of the headers as they

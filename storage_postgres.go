@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
@@ -66,6 +67,10 @@ type PostgresStorage struct {
 	// CPUs (or the DSN's pool_max_conns).
 	MaxConns int `json:"max_conns,omitempty"`
 
+	// Keep completed records in this process too, so that replays skip
+	// the database. Off by default.
+	ReplayCache *ReplayCache `json:"replay_cache,omitempty"`
+
 	store   storage.Store
 	poolKey string
 }
@@ -73,11 +78,12 @@ type PostgresStorage struct {
 // postgresConfig is what names a pool: the resolved configuration. It is
 // only ever hashed (storeKey), so the resolved DSN never leaves memory.
 type postgresConfig struct {
-	DSN             string        `json:"dsn"`
-	Table           string        `json:"table"`
-	CreateTable     bool          `json:"create_table"`
-	CleanupInterval time.Duration `json:"cleanup_interval"`
-	MaxConns        int           `json:"max_conns"`
+	DSN             string         `json:"dsn"`
+	Table           string         `json:"table"`
+	CreateTable     bool           `json:"create_table"`
+	CleanupInterval time.Duration  `json:"cleanup_interval"`
+	MaxConns        int            `json:"max_conns"`
+	Cache           *cache.Options `json:"cache,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -129,7 +135,7 @@ func (p *PostgresStorage) Provision(caddy.Context) error {
 		CleanupInterval: time.Duration(p.CleanupInterval),
 		OnCleanup:       logCleanup(p.Table),
 	}
-	key, err := storeKey("postgres", postgresConfig{dsn, p.Table, *p.CreateTable, time.Duration(p.CleanupInterval), p.MaxConns})
+	key, err := storeKey("postgres", postgresConfig{dsn, p.Table, *p.CreateTable, time.Duration(p.CleanupInterval), p.MaxConns, p.ReplayCache.config()})
 	if err != nil {
 		return err
 	}
@@ -144,7 +150,7 @@ func (p *PostgresStorage) Provision(caddy.Context) error {
 			pool.Close()
 			return nil, err
 		}
-		return s, nil
+		return wrapCache(s, p.ReplayCache.config()), nil
 	})
 	if err != nil {
 		return err
@@ -162,6 +168,8 @@ func (p *PostgresStorage) validate() error {
 		return fmt.Errorf("postgres storage: cleanup_interval must be positive, got %s", time.Duration(p.CleanupInterval))
 	case p.MaxConns < 0 || p.MaxConns > math.MaxInt32:
 		return fmt.Errorf("postgres storage: max_conns must be a positive number, got %d", p.MaxConns)
+	case p.ReplayCache.validate() != nil:
+		return fmt.Errorf("postgres storage: %w", p.ReplayCache.validate())
 	}
 	if _, err := postgres.Schema(p.Table); err != nil {
 		return fmt.Errorf("postgres storage: %w", err)
@@ -241,6 +249,8 @@ func (p *PostgresStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = durationArg(d, &p.CleanupInterval)
 		case "max_conns":
 			p.MaxConns, err = intArg(d)
+		case "replay_cache":
+			p.ReplayCache, err = parseReplayCache(d)
 		default:
 			return d.Errf("unrecognized postgres storage option '%s'", opt)
 		}

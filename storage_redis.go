@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )
 
@@ -102,6 +103,10 @@ type RedisStorage struct {
 	// Also the read and write timeout of each command. Default: 2s.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
+	// Keep completed records in this process too, so that replays skip
+	// Redis. Off by default.
+	ReplayCache *ReplayCache `json:"replay_cache,omitempty"`
+
 	store   storage.Store
 	poolKey string
 }
@@ -131,7 +136,7 @@ func (r *RedisStorage) Provision(caddy.Context) error {
 		if err != nil {
 			return nil, err
 		}
-		return redisstore.New(client, redisstore.Options{KeyPrefix: cfg.KeyPrefix, Timeout: cfg.timeout()}), nil
+		return wrapCache(redisstore.New(client, redisstore.Options{KeyPrefix: cfg.KeyPrefix, Timeout: cfg.timeout()}), cfg.Cache), nil
 	})
 	if err != nil {
 		return err
@@ -169,6 +174,7 @@ type redisConfig struct {
 	PoolSize    int
 	DialTimeout time.Duration
 	Timeout     time.Duration
+	Cache       *cache.Options
 }
 
 // resolve checks r and resolves its placeholders. Errors never quote url,
@@ -179,6 +185,8 @@ func (r *RedisStorage) resolve() (redisConfig, error) {
 		return redisConfig{}, errors.New("redis storage: url and addresses are mutually exclusive")
 	case r.MasterName != "" && len(r.Addresses) == 0:
 		return redisConfig{}, errors.New("redis storage: master_name needs addresses (the Sentinels)")
+	case r.ReplayCache.validate() != nil:
+		return redisConfig{}, fmt.Errorf("redis storage: %w", r.ReplayCache.validate())
 	case r.PoolSize < 0:
 		return redisConfig{}, fmt.Errorf("redis storage: pool_size must be positive, got %d", r.PoolSize)
 	case r.DialTimeout < 0:
@@ -198,6 +206,7 @@ func (r *RedisStorage) resolve() (redisConfig, error) {
 		PoolSize:    r.PoolSize,
 		DialTimeout: time.Duration(r.DialTimeout),
 		Timeout:     time.Duration(r.Timeout),
+		Cache:       r.ReplayCache.config(),
 	}
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = redisstore.DefaultKeyPrefix
@@ -424,6 +433,8 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = durationArg(d, &r.DialTimeout)
 		case "timeout":
 			err = durationArg(d, &r.Timeout)
+		case "replay_cache":
+			r.ReplayCache, err = parseReplayCache(d)
 		default:
 			return d.Errf("unrecognized redis storage option '%s'", opt)
 		}

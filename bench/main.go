@@ -9,6 +9,7 @@
 //
 //	go run ./bench [-duration 5s] [-pairs 3] [-conns 32] [-body 1024]
 //	               [-stores memory,redis,postgres] [-write docs/benchmarks.md]
+//	               [-profile dir]
 //
 // Redis and PostgreSQL are the servers of the tests
 // (IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN; defaults on loopback).
@@ -30,6 +31,7 @@ type options struct {
 	bodySize int
 	stores   []string
 	write    string
+	profile  string
 }
 
 func main() {
@@ -40,8 +42,9 @@ func main() {
 	flag.IntVar(&o.pairs, "pairs", 3, "plain/plugin run pairs per case")
 	flag.IntVar(&o.conns, "conns", 32, "concurrent keep-alive connections")
 	flag.IntVar(&o.bodySize, "body", 1024, "request body size in bytes (JSON)")
-	flag.StringVar(&stores, "stores", "memory,redis,postgres", "stores to measure")
+	flag.StringVar(&stores, "stores", "memory,redis,postgres,redis+cache,postgres+cache", "stores to measure (a +cache store adds a replay cache)")
 	flag.StringVar(&o.write, "write", "", "also write the result table as Markdown to this file")
+	flag.StringVar(&o.profile, "profile", "", "save a CPU profile of Caddy during each case's last plugin run in this directory")
 	flag.Parse()
 	o.stores = strings.Split(stores, ",")
 

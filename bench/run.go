@@ -5,7 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -85,10 +88,14 @@ func run(o options) error {
 	plainURL := fmt.Sprintf("http://127.0.0.1:%d/orders", ports["plain"])
 	var results []outcome
 	for _, store := range o.stores {
-		for _, mode := range []keyMode{uniqueKeys, repeatedKeys} {
+		modes := []keyMode{uniqueKeys, repeatedKeys}
+		if strings.HasSuffix(store, cachedSuffix) {
+			modes = modes[1:] // the cache only changes replays
+		}
+		for _, mode := range modes {
 			c := benchCase{store: store, mode: mode, url: fmt.Sprintf("http://127.0.0.1:%d/orders", ports[store]), count: env.counters[store]}
 			fmt.Fprintf(os.Stderr, "%s: ", c.name())
-			res, err := measure(o, c, plainURL, body)
+			res, err := measure(o, c, plainURL, body, inst.AdminAddr)
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name(), err)
 			}
@@ -105,7 +112,7 @@ func run(o options) error {
 }
 
 // measure runs the pairs of one case.
-func measure(o options, c benchCase, plainURL string, body []byte) (outcome, error) {
+func measure(o options, c benchCase, plainURL string, body []byte, admin string) (outcome, error) {
 	out := outcome{benchCase: c, roundTrips: -1}
 	spec := loadSpec{conns: o.conns, body: body, mode: c.mode, prefix: randomHex(4)}
 	if c.mode == repeatedKeys {
@@ -136,7 +143,17 @@ func measure(o options, c benchCase, plainURL string, body []byte) (outcome, err
 		spec.duration = o.duration
 		spec.prefix = fmt.Sprintf("%s-%d", randomHex(4), p)
 		spec.url = plainURL
+		var plainProfiled chan error
+		if o.profile != "" && p == o.pairs-1 {
+			plainProfiled = make(chan error, 1)
+			go func() { plainProfiled <- saveProfile(admin, o.duration, o.profile, c.name()+" plain") }()
+		}
 		plain := runLoad(spec)
+		if plainProfiled != nil {
+			if err := <-plainProfiled; err != nil {
+				return out, err
+			}
+		}
 		fmt.Fprint(os.Stderr, ".")
 
 		var before int64
@@ -148,7 +165,17 @@ func measure(o options, c benchCase, plainURL string, body []byte) (outcome, err
 			}
 		}
 		spec.url = c.url
+		var profiled chan error
+		if o.profile != "" && p == o.pairs-1 {
+			profiled = make(chan error, 1)
+			go func() { profiled <- saveProfile(admin, o.duration, o.profile, c.name()) }()
+		}
 		plugin := runLoad(spec)
+		if profiled != nil {
+			if err := <-profiled; err != nil {
+				return out, err
+			}
+		}
 		fmt.Fprint(os.Stderr, ".")
 		if c.count != nil && p == o.pairs-1 {
 			settle(c.count)
@@ -181,6 +208,27 @@ func settle(c counter) {
 	if _, ok := c.(postgresCommits); ok {
 		time.Sleep(11 * time.Second)
 	}
+}
+
+// saveProfile fetches a CPU profile of Caddy (admin /debug/pprof) while
+// a run goes on.
+func saveProfile(admin string, d time.Duration, dir, name string) error {
+	secs := max(1, int(d.Seconds())-1)
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, secs))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".pprof"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
 }
 
 // unexpected names statuses other than 201.
@@ -227,10 +275,17 @@ func (e *storeEnv) close() {
 	}
 }
 
+// cachedSuffix marks a store measured with a replay cache in front.
+const cachedSuffix = "+cache"
+
 // directive returns the idempotency directive of a site.
 func (e *storeEnv) directive(store string) string {
 	const ttl = "\t\tttl 10m\n"
 	switch store {
+	case "redis" + cachedSuffix:
+		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl redis://%s/0\n\t\t\tkey_prefix %s\n\t\t\treplay_cache 100000 10s\n\t\t}\n\t}\n", ttl, e.redisAddr, e.redisPrefix)
+	case "postgres" + cachedSuffix:
+		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t\treplay_cache 100000 10s\n\t\t}\n\t}\n", ttl, e.pgDSN, e.pgTable)
 	case "memory":
 		return "\tidempotency {\n" + ttl + "\t}\n"
 	case "redis":
@@ -247,6 +302,10 @@ func prepareStores(stores []string) (*storeEnv, error) {
 	e := &storeEnv{counters: map[string]counter{}, versions: map[string]string{}}
 	ctx := context.Background()
 	for _, s := range stores {
+		if base, ok := strings.CutSuffix(s, cachedSuffix); ok && slices.Contains(stores, base) {
+			e.counters[s] = nil // set below, once the base store is prepared
+			continue
+		}
 		switch s {
 		case "memory":
 		case "redis":
@@ -283,6 +342,14 @@ func prepareStores(stores []string) (*storeEnv, error) {
 			e.cleanup = append(e.cleanup, func() { dropTable(e.pgDSN, e.pgTable) })
 		default:
 			return nil, fmt.Errorf("unknown store %q", s)
+		}
+	}
+	for _, s := range stores {
+		if base, ok := strings.CutSuffix(s, cachedSuffix); ok {
+			if !slices.Contains(stores, base) {
+				return nil, fmt.Errorf("store %q needs %q in -stores too", s, base)
+			}
+			e.counters[s] = e.counters[base]
 		}
 	}
 	return e, nil

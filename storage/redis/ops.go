@@ -193,7 +193,7 @@ func (s *Store) run(ctx context.Context, script *goredis.Script, key storage.Key
 
 // runKey is run on the record's key name.
 func (s *Store) runKey(ctx context.Context, script *goredis.Script, name string, args ...any) (any, error) {
-	v, err := script.Run(ctx, s.client, []string{name}, args...).Result()
+	v, err := s.pipe.do(ctx, script, []string{name}, args)
 	if err != nil {
 		if goredis.HasErrorPrefix(err, "CORRUPT") {
 			return nil, fmt.Errorf("%w: %v", storage.ErrCorrupt, err)

@@ -90,6 +90,7 @@ type Store struct {
 	prefix  string
 	timeout time.Duration
 	hub     *hub
+	pipe    *pipeliner
 
 	closeOnce sync.Once
 	closeErr  error
@@ -112,6 +113,7 @@ func New(client goredis.UniversalClient, opts Options) *Store {
 		prefix:  opts.KeyPrefix,
 		timeout: opts.Timeout,
 		hub:     newHub(client),
+		pipe:    newPipeliner(client),
 	}
 }
 
@@ -121,6 +123,7 @@ func New(client goredis.UniversalClient, opts Options) *Store {
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.hub.close()
+		s.pipe.close()
 		s.closeErr = s.client.Close()
 	})
 	return s.closeErr
