@@ -7,7 +7,7 @@
 // ratio to plain Caddy (median over the pairs), and store round trips per
 // request.
 //
-//	go run ./bench [-duration 5s] [-pairs 3] [-conns 32] [-body 1024]
+//	go run ./bench [-duration 4s] [-pairs 5] [-conns 32] [-body 1024]
 //	               [-stores memory,redis,postgres] [-write docs/benchmarks.md]
 //	               [-profile dir]
 //
@@ -37,9 +37,9 @@ type options struct {
 func main() {
 	var o options
 	var stores string
-	flag.DurationVar(&o.duration, "duration", 5*time.Second, "length of each run")
+	flag.DurationVar(&o.duration, "duration", 4*time.Second, "length of each run")
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured load before each case")
-	flag.IntVar(&o.pairs, "pairs", 3, "plain/plugin run pairs per case")
+	flag.IntVar(&o.pairs, "pairs", 5, "plain/plugin run pairs per case")
 	flag.IntVar(&o.conns, "conns", 32, "concurrent keep-alive connections")
 	flag.IntVar(&o.bodySize, "body", 1024, "request body size in bytes (JSON)")
 	flag.StringVar(&stores, "stores", "memory,redis,postgres,redis+cache,postgres+cache", "stores to measure (a +cache store adds a replay cache)")

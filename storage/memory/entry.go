@@ -11,7 +11,7 @@ import (
 const fpInline = 32
 
 // entry is one record. All fields are guarded by the shard lock, except that
-// fp and rec, once set, never change: they are handed out to callers. A
+// fp and resp, once set, never change: they are handed out to callers. A
 // takeover therefore replaces the entry rather than reusing it.
 type entry struct {
 	fp      []byte // points into fpBuf when it fits
@@ -19,8 +19,10 @@ type entry struct {
 	created int64 // nanoseconds since Store.base
 	expires int64 // lease lapse (in flight) or expiry (completed)
 
-	// rec is the shared, immutable record once completed; nil in flight.
-	rec *storage.Record
+	// resp is the completed response in storage's binary encoding; nil in
+	// flight. One pointer-free block rather than a header map of strings:
+	// a million records must not weigh on every garbage collection.
+	resp []byte
 
 	// done is made by the first Wait on an in-flight entry and closed when
 	// the entry stops being that in-flight record, to wake the waiters.
@@ -52,7 +54,7 @@ func (e *entry) live(now int64) bool {
 // owns reports whether token names the entry's lease. A lapsed lease that
 // nobody took over still counts: only a takeover fences the old owner.
 func (e *entry) owns(token storage.Token) bool {
-	return e.rec == nil && token != 0 && e.token == token
+	return e.resp == nil && token != 0 && e.token == token
 }
 
 // wake releases the waiters of an entry that is no longer the same
@@ -69,8 +71,9 @@ func (s *Store) reservation(e *entry, fp []byte) storage.Reservation {
 	switch {
 	case !bytes.Equal(e.fp, fp):
 		return storage.Reservation{Outcome: storage.Mismatch}
-	case e.rec != nil:
-		return storage.Reservation{Outcome: storage.Replay, Record: e.rec}
+	case e.resp != nil:
+		// The caller decodes the record once the shard is unlocked.
+		return storage.Reservation{Outcome: storage.Replay}
 	}
 	// The token stays out: only the owner may complete or release.
 	return storage.Reservation{Outcome: storage.Conflict, Record: &storage.Record{
@@ -79,4 +82,24 @@ func (s *Store) reservation(e *entry, fp []byte) storage.Reservation {
 		CreatedAt:   s.at(e.created),
 		ExpiresAt:   s.at(e.expires),
 	}}
+}
+
+// completed decodes the record of a completed entry. The body and the
+// fingerprint alias the entry, which never changes them.
+func (s *Store) completed(e *entry, withBody bool) *storage.Record {
+	resp, err := storage.DecodeResponse(e.resp)
+	if err != nil {
+		// The store encoded it itself: this cannot happen.
+		panic("memory: corrupt record: " + err.Error())
+	}
+	if !withBody {
+		resp.Body = nil
+	}
+	return &storage.Record{
+		Fingerprint: e.fp,
+		State:       storage.Completed,
+		Response:    resp,
+		CreatedAt:   s.at(e.created),
+		ExpiresAt:   s.at(e.expires),
+	}
 }

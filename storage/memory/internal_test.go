@@ -10,18 +10,18 @@ import (
 // lapseNow makes key's lease lapse at once, without sleeping through it and
 // without the Wait timer, which is bounded by the lease, waking anyone.
 func lapseNow(s *Store, key storage.Key) {
-	sh := s.shardFor(key)
+	sh, id := s.shardFor(key)
 	sh.mu.Lock()
-	sh.m[key].expires = s.now() - 1
+	sh.m[id].expires = s.now() - 1
 	sh.mu.Unlock()
 }
 
 // waiting reports whether someone waits on key.
 func waiting(s *Store, key storage.Key) bool {
-	sh := s.shardFor(key)
+	sh, id := s.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.m[key]
+	e := sh.m[id]
 	return e != nil && e.done != nil
 }
 

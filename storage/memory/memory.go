@@ -9,16 +9,16 @@
 // record is never evicted, because forgetting one would let a retry run a
 // second time.
 //
-// To keep replays free of copies, a completed record and its Response are
-// shared: Reserve and Get hand out the same *storage.Record and
-// *storage.Response to every caller, and Complete keeps the caller's
-// *storage.Response. Callers must treat every returned Record, Response,
-// header map, body and fingerprint as read-only, and must not modify a
-// Response after passing it to Complete.
+// A completed response is kept in storage's binary encoding, one
+// pointer-free block per record, so that a store of a million records adds
+// little to each garbage collection; a replay decodes it, sharing the body
+// bytes rather than copying them. Callers must treat every returned
+// Record, Response, body and fingerprint as read-only.
 package memory
 
 import (
-	"hash/maphash"
+	"crypto/sha256"
+	"encoding/binary"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,7 +55,6 @@ type Options struct {
 // Store is an in-process storage.Store and storage.Waiter. Create it with
 // New and stop its janitor with Close.
 type Store struct {
-	seed maphash.Seed
 	// base anchors all times to the monotonic clock: entries keep
 	// nanoseconds since base, so wall-clock jumps never expire or revive a
 	// record, and entries hold no pointers for times.
@@ -83,7 +82,7 @@ type shard struct {
 
 type shardState struct {
 	mu sync.Mutex
-	m  map[storage.Key]*entry
+	m  map[recordID]*entry
 }
 
 var (
@@ -101,7 +100,6 @@ func New(opts Options) *Store {
 		opts.JanitorInterval = DefaultJanitorInterval
 	}
 	s := &Store{
-		seed: maphash.MakeSeed(),
 		base: time.Now(),
 		max:  int64(opts.MaxKeys),
 		// The first full store may sweep at once.
@@ -110,7 +108,7 @@ func New(opts Options) *Store {
 		janitorDone: make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[storage.Key]*entry)
+		s.shards[i].m = make(map[recordID]*entry)
 	}
 	go s.janitor(opts.JanitorInterval)
 	return s
@@ -141,6 +139,22 @@ func (s *Store) at(ns int64) time.Time {
 	return s.base.Add(time.Duration(ns))
 }
 
-func (s *Store) shardFor(key storage.Key) *shard {
-	return &s.shards[maphash.Comparable(s.seed, key)&(numShards-1)]
+// recordID names a record inside the store: the SHA-256 of its key. Maps
+// keyed by it hold no pointers (the key's strings would be two per record
+// for every garbage collection to scan), and its first byte, uniformly
+// spread, picks the shard.
+type recordID [sha256.Size]byte
+
+func idOf(key storage.Key) recordID {
+	var stack [512]byte
+	in := binary.AppendUvarint(stack[:0], uint64(len(key.Scope)))
+	in = append(in, key.Scope...)
+	in = append(in, key.ID...)
+	return sha256.Sum256(in)
+}
+
+// shardFor returns the shard and the id of key.
+func (s *Store) shardFor(key storage.Key) (*shard, recordID) {
+	id := idOf(key)
+	return &s.shards[id[0]&(numShards-1)], id
 }

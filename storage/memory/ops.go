@@ -16,14 +16,17 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 	if lease <= 0 {
 		return storage.Reservation{}, fmt.Errorf("memory: reserve: lease %v is not positive", lease)
 	}
-	sh := s.shardFor(key)
+	sh, id := s.shardFor(key)
 	for {
 		now := s.now()
 		sh.mu.Lock()
-		old := sh.m[key]
+		old := sh.m[id]
 		if old != nil && old.live(now) {
 			res := s.reservation(old, fp)
 			sh.mu.Unlock()
+			if res.Outcome == storage.Replay {
+				res.Record = s.completed(old, true) // old.resp never changes
+			}
 			return res, nil
 		}
 		// Replacing an expired entry keeps the count; only a new key needs
@@ -36,7 +39,7 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 			continue // the key may have appeared meanwhile: look again
 		}
 		e := newEntry(fp, now, int64(lease))
-		sh.m[key] = e
+		sh.m[id] = e
 		if old != nil {
 			old.wake() // taken over: its waiters look again
 		}
@@ -45,8 +48,8 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 	}
 }
 
-// Complete implements storage.Store. It keeps resp itself: the caller must
-// not modify it afterwards, since replays hand it out as is.
+// Complete implements storage.Store. It encodes resp (into one block the
+// garbage collector need not scan); the caller keeps resp.
 func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("memory: complete: ttl %v is not positive", ttl)
@@ -54,21 +57,18 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 	if resp == nil {
 		return fmt.Errorf("memory: complete: nil response")
 	}
-	// Built outside the lock to keep the critical section short.
-	rec := &storage.Record{State: storage.Completed, Response: resp}
-	sh := s.shardFor(key)
+	// Encoded outside the lock to keep the critical section short.
+	enc := storage.AppendResponse(make([]byte, 0, 64+len(resp.Body)), resp)
+	sh, id := s.shardFor(key)
 	now := s.now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.m[key]
+	e := sh.m[id]
 	if e == nil || !e.owns(token) {
 		return storage.ErrLeaseLost
 	}
 	e.expires = now + int64(ttl)
-	rec.Fingerprint = e.fp
-	rec.CreatedAt = s.at(e.created)
-	rec.ExpiresAt = s.at(e.expires)
-	e.rec = rec
+	e.resp = enc
 	e.token = 0
 	e.wake()
 	return nil
@@ -76,14 +76,14 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 
 // Release implements storage.Store.
 func (s *Store) Release(_ context.Context, key storage.Key, token storage.Token) error {
-	sh := s.shardFor(key)
+	sh, id := s.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.m[key]
+	e := sh.m[id]
 	if e == nil || !e.owns(token) {
 		return storage.ErrLeaseLost
 	}
-	s.remove(sh, key, e)
+	s.remove(sh, id, e)
 	return nil
 }
 
@@ -92,11 +92,11 @@ func (s *Store) Renew(_ context.Context, key storage.Key, token storage.Token, l
 	if lease <= 0 {
 		return fmt.Errorf("memory: renew: lease %v is not positive", lease)
 	}
-	sh := s.shardFor(key)
+	sh, id := s.shardFor(key)
 	now := s.now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.m[key]
+	e := sh.m[id]
 	if e == nil || !e.owns(token) {
 		return storage.ErrLeaseLost
 	}
@@ -108,25 +108,19 @@ func (s *Store) Renew(_ context.Context, key storage.Key, token storage.Token, l
 // shared one (see the package documentation); without, it is a copy whose
 // Response is a shallow copy without Body.
 func (s *Store) Get(_ context.Context, key storage.Key, withBody bool) (*storage.Record, error) {
-	sh := s.shardFor(key)
+	sh, id := s.shardFor(key)
 	now := s.now()
 	sh.mu.Lock()
-	e := sh.m[key]
+	e := sh.m[id]
 	if e == nil || !e.live(now) {
 		sh.mu.Unlock()
 		return nil, storage.ErrNotFound
 	}
-	if rec := e.rec; rec != nil {
+	if e.resp != nil {
 		sh.mu.Unlock()
-		if withBody {
-			return rec, nil
-		}
-		// rec is immutable, so copying it outside the lock is safe.
-		resp := *rec.Response
-		resp.Body = nil
-		cp := *rec
-		cp.Response = &resp
-		return &cp, nil
+		// e.resp never changes once set, so decoding outside the lock is
+		// safe.
+		return s.completed(e, withBody), nil
 	}
 	rec := &storage.Record{
 		Fingerprint: e.fp,
@@ -141,21 +135,21 @@ func (s *Store) Get(_ context.Context, key storage.Key, withBody bool) (*storage
 
 // Delete implements storage.Store.
 func (s *Store) Delete(_ context.Context, key storage.Key) error {
-	sh := s.shardFor(key)
+	sh, id := s.shardFor(key)
 	now := s.now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.m[key]
+	e := sh.m[id]
 	if e == nil || !e.live(now) {
 		return storage.ErrNotFound
 	}
-	s.remove(sh, key, e)
+	s.remove(sh, id, e)
 	return nil
 }
 
 // remove deletes e, held under key, from sh, whose lock the caller holds.
-func (s *Store) remove(sh *shard, key storage.Key, e *entry) {
-	delete(sh.m, key)
+func (s *Store) remove(sh *shard, id recordID, e *entry) {
+	delete(sh.m, id)
 	s.count.Add(-1)
 	e.wake()
 }

@@ -13,11 +13,11 @@ import (
 // caller may then take the key over), after maxWait (nil), or when ctx is
 // done (ctx.Err()).
 func (s *Store) Wait(ctx context.Context, key storage.Key, maxWait time.Duration) error {
-	sh := s.shardFor(key)
+	sh, id := s.shardFor(key)
 	now := s.now()
 	sh.mu.Lock()
-	e := sh.m[key]
-	if e == nil || e.rec != nil || !e.live(now) {
+	e := sh.m[id]
+	if e == nil || e.resp != nil || !e.live(now) {
 		sh.mu.Unlock()
 		return nil
 	}
