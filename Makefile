@@ -3,6 +3,8 @@
 #   make test    every test, against real Redis and PostgreSQL (started if needed),
 #                including the end-to-end suite (e2e/: real Caddy processes), a short
 #                run of every fuzz target, and the documented xcaddy build
+#   make bench   the load benchmark against plain Caddy (see docs/benchmarks.md);
+#                BENCH_FLAGS="-write docs/benchmarks.md" records the result
 #   make fuzz    longer fuzzing runs of every fuzz target (FUZZTIME each, default 1m)
 
 GO           ?= go
@@ -16,7 +18,7 @@ PSEUDO       := v0.0.0-00010101000000-000000000000
 FUZZTIME     ?= 1m
 FUZZTIME_SHORT ?= 10s
 
-.PHONY: run test services unit build check-build fuzz fuzz-short
+.PHONY: run test services unit build check-build fuzz fuzz-short bench
 
 run:
 	$(GO) run ./cmd/caddy run --config Caddyfile.example
@@ -59,3 +61,8 @@ fuzz:
 # corpora also run as plain tests in unit).
 fuzz-short:
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_SHORT)
+
+BENCH_FLAGS ?=
+
+bench: services
+	$(GO) run ./bench $(BENCH_FLAGS)

@@ -42,7 +42,7 @@ func main() {
 	flag.IntVar(&o.pairs, "pairs", 5, "plain/plugin run pairs per case")
 	flag.IntVar(&o.conns, "conns", 32, "concurrent keep-alive connections")
 	flag.IntVar(&o.bodySize, "body", 1024, "request body size in bytes (JSON)")
-	flag.StringVar(&stores, "stores", "memory,redis,postgres,redis+cache,postgres+cache", "stores to measure (a +cache store adds a replay cache)")
+	flag.StringVar(&stores, "stores", "memory,redis,postgres,redis+cache,postgres+cache,postgres+async", "stores to measure (+cache: with a replay cache; +async: PostgreSQL with synchronous_commit=off)")
 	flag.StringVar(&o.write, "write", "", "also write the result table as Markdown to this file")
 	flag.StringVar(&o.profile, "profile", "", "save a CPU profile of Caddy during each case's last plugin run in this directory")
 	flag.Parse()

@@ -89,8 +89,8 @@ func run(o options) error {
 	var results []outcome
 	for _, store := range o.stores {
 		modes := []keyMode{uniqueKeys, repeatedKeys}
-		if strings.HasSuffix(store, cachedSuffix) {
-			modes = modes[1:] // the cache only changes replays
+		if _, v := splitVariant(store); v != "" {
+			modes = variants[v]
 		}
 		for _, mode := range modes {
 			c := benchCase{store: store, mode: mode, url: fmt.Sprintf("http://127.0.0.1:%d/orders", ports[store]), count: env.counters[store]}
@@ -275,8 +275,20 @@ func (e *storeEnv) close() {
 	}
 }
 
-// cachedSuffix marks a store measured with a replay cache in front.
+// Variants of a store, named by a suffix: "+cache" puts a replay cache in
+// front (it only changes replays), "+async" commits PostgreSQL
+// transactions without waiting for the WAL flush (it only changes new
+// keys).
 const cachedSuffix = "+cache"
+
+var variants = map[string][]keyMode{cachedSuffix: {repeatedKeys}, "+async": {uniqueKeys}}
+
+func splitVariant(store string) (base, variant string) {
+	if i := strings.IndexByte(store, '+'); i >= 0 {
+		return store[:i], store[i:]
+	}
+	return store, ""
+}
 
 // directive returns the idempotency directive of a site.
 func (e *storeEnv) directive(store string) string {
@@ -284,6 +296,8 @@ func (e *storeEnv) directive(store string) string {
 	switch store {
 	case "redis" + cachedSuffix:
 		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl redis://%s/0\n\t\t\tkey_prefix %s\n\t\t\treplay_cache 100000 10s\n\t\t}\n\t}\n", ttl, e.redisAddr, e.redisPrefix)
+	case "postgres+async":
+		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t}\n\t}\n", ttl, e.pgDSN+"&synchronous_commit=off", e.pgTable)
 	case "postgres" + cachedSuffix:
 		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t\treplay_cache 100000 10s\n\t\t}\n\t}\n", ttl, e.pgDSN, e.pgTable)
 	case "memory":
@@ -302,9 +316,8 @@ func prepareStores(stores []string) (*storeEnv, error) {
 	e := &storeEnv{counters: map[string]counter{}, versions: map[string]string{}}
 	ctx := context.Background()
 	for _, s := range stores {
-		if base, ok := strings.CutSuffix(s, cachedSuffix); ok && slices.Contains(stores, base) {
-			e.counters[s] = nil // set below, once the base store is prepared
-			continue
+		if _, v := splitVariant(s); v != "" {
+			continue // set below, once the base store is prepared
 		}
 		switch s {
 		case "memory":
@@ -345,9 +358,9 @@ func prepareStores(stores []string) (*storeEnv, error) {
 		}
 	}
 	for _, s := range stores {
-		if base, ok := strings.CutSuffix(s, cachedSuffix); ok {
-			if !slices.Contains(stores, base) {
-				return nil, fmt.Errorf("store %q needs %q in -stores too", s, base)
+		if base, v := splitVariant(s); v != "" {
+			if _, ok := variants[v]; !ok || !slices.Contains(stores, base) {
+				return nil, fmt.Errorf("store %q: unknown variant, or %q missing from -stores", s, base)
 			}
 			e.counters[s] = e.counters[base]
 		}
