@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
@@ -211,6 +213,40 @@ func TestPlaceholdersReachOtherDirectives(t *testing.T) {
 		}
 		if kh := resp.Header.Get("X-Key-Hash"); len(kh) != 16 {
 			t.Errorf("X-Key-Hash = %q, want 16 hex digits", kh)
+		}
+	}
+}
+
+func TestAccessLogCarriesOutcomeAndKeyHash(t *testing.T) {
+	up := newCountingUpstream(t)
+	logFile := t.TempDir() + "/access.log"
+	base := loadCaddyfile(t, freePort(t), `
+	log {
+		output file `+logFile+`
+	}
+	idempotency
+	reverse_proxy `+up.Listener.Addr().String())
+	post(t, base+"/orders", "logged-key", `{}`)
+	post(t, base+"/orders", "logged-key", `{}`)
+	var data []byte
+	eventually(t, 5*time.Second, func() bool {
+		data, _ = os.ReadFile(logFile)
+		return strings.Count(string(data), "\n") >= 2
+	})
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("access log has %d lines", len(lines))
+	}
+	for i, want := range []string{outcomeNew, outcomeReplayed} {
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(lines[i]), &entry); err != nil {
+			t.Fatalf("access log line %q: %v", lines[i], err)
+		}
+		if entry["idempotency_outcome"] != want {
+			t.Errorf("line %d: idempotency_outcome = %v, want %s", i, entry["idempotency_outcome"], want)
+		}
+		if kh, _ := entry["idempotency_key_hash"].(string); len(kh) != 16 {
+			t.Errorf("line %d: idempotency_key_hash = %v", i, entry["idempotency_key_hash"])
 		}
 	}
 }
