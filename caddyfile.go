@@ -56,77 +56,71 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := make(map[string]bool)
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("%s already specified", opt)
+	return eachOption(d, "", nil, func(opt string) error { return h.parseOption(d, opt) })
+}
+
+// parseOption parses one option of the directive's block.
+func (h *Handler) parseOption(d *caddyfile.Dispenser, opt string) error {
+	var err error
+	switch opt {
+	case "storage":
+		err = h.parseStorage(d)
+	case "ttl":
+		err = durationArg(d, &h.TTL)
+	case "lock_timeout":
+		err = durationArg(d, &h.LockTimeout)
+	case "methods":
+		h.Methods = d.RemainingArgs()
+		if len(h.Methods) == 0 {
+			return d.ArgErr()
 		}
-		seen[opt] = true
-		var err error
-		switch opt {
-		case "storage":
-			err = h.parseStorage(d)
-		case "ttl":
-			err = durationArg(d, &h.TTL)
-		case "lock_timeout":
-			err = durationArg(d, &h.LockTimeout)
-		case "methods":
-			h.Methods = d.RemainingArgs()
-			if len(h.Methods) == 0 {
-				return d.ArgErr()
-			}
-			for i, m := range h.Methods {
-				h.Methods[i] = strings.ToUpper(m)
-			}
-		case "header":
-			err = stringArg(d, &h.Header)
-		case "required":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			h.Required = true
-		case "scope":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return d.ArgErr()
-			}
-			if strings.TrimSpace(strings.Join(args, "")) == "" {
-				return d.Err("scope must not be empty; to share keys between all clients, use a constant such as 'global'")
-			}
-			h.Scope = strings.Join(args, " ")
-		case "max_key_length":
-			h.MaxKeyLength, err = intArg(d)
-		case "max_body_size":
-			h.MaxBodySize, err = sizeArg(d)
-		case "max_response_size":
-			h.MaxResponseSize, err = sizeArg(d)
-		case "fingerprint":
-			err = h.parseFingerprint(d)
-		case "release_on":
-			h.ReleaseOn = d.RemainingArgs()
-			if len(h.ReleaseOn) == 0 {
-				return d.ArgErr()
-			}
-			if _, err := parseStatusSet(h.ReleaseOn); err != nil {
-				return d.Errf("release_on: %v", err)
-			}
-		case "in_flight":
-			err = h.parseInFlight(d)
-		case "on_storage_error":
-			err = oneOfArg(d, &h.OnStorageError, failClosed, failOpen)
-		case "replay_header":
-			err = stringArg(d, &h.ReplayHeader)
-		case "docs_url":
-			err = stringArg(d, &h.DocsURL)
-		default:
-			return d.Errf("unrecognized idempotency option '%s'", opt)
+		for i, m := range h.Methods {
+			h.Methods[i] = strings.ToUpper(m)
 		}
-		if err != nil {
-			return err
+	case "header":
+		err = stringArg(d, &h.Header)
+	case "required":
+		if d.NextArg() {
+			return d.ArgErr()
 		}
+		h.Required = true
+	case "scope":
+		args := d.RemainingArgs()
+		if len(args) == 0 {
+			return d.ArgErr()
+		}
+		if strings.TrimSpace(strings.Join(args, "")) == "" {
+			return d.Err("scope must not be empty; to share keys between all clients, use a constant such as 'global'")
+		}
+		h.Scope = strings.Join(args, " ")
+	case "max_key_length":
+		h.MaxKeyLength, err = intArg(d)
+	case "max_body_size":
+		h.MaxBodySize, err = sizeArg(d)
+	case "max_response_size":
+		h.MaxResponseSize, err = sizeArg(d)
+	case "fingerprint":
+		err = h.parseFingerprint(d)
+	case "release_on":
+		h.ReleaseOn = d.RemainingArgs()
+		if len(h.ReleaseOn) == 0 {
+			return d.ArgErr()
+		}
+		if _, err := parseStatusSet(h.ReleaseOn); err != nil {
+			return d.Errf("release_on: %v", err)
+		}
+	case "in_flight":
+		err = h.parseInFlight(d)
+	case "on_storage_error":
+		err = oneOfArg(d, &h.OnStorageError, failClosed, failOpen)
+	case "replay_header":
+		err = stringArg(d, &h.ReplayHeader)
+	case "docs_url":
+		err = stringArg(d, &h.DocsURL)
+	default:
+		return d.Errf("unrecognized idempotency option '%s'", opt)
 	}
-	return nil
+	return err
 }
 
 func (h *Handler) parseStorage(d *caddyfile.Dispenser) error {
@@ -154,13 +148,7 @@ func (h *Handler) parseFingerprint(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	h.Fingerprint = new(FingerprintConfig)
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("fingerprint %s already specified", opt)
-		}
-		seen[opt] = true
+	return eachOption(d, "fingerprint ", nil, func(opt string) error {
 		switch opt {
 		case "headers":
 			h.Fingerprint.Headers = d.RemainingArgs()
@@ -177,8 +165,8 @@ func (h *Handler) parseFingerprint(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized fingerprint option '%s'", opt)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 func (h *Handler) parseInFlight(d *caddyfile.Dispenser) error {
@@ -206,6 +194,27 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser) error {
 	}
 	if d.NextArg() {
 		return d.ArgErr()
+	}
+	return nil
+}
+
+// eachOption calls parse for each option of the block after the current
+// token, and rejects an option given twice (what names the block in that
+// error, e.g. "redis storage "). seen may hold options already given on
+// the line before the block.
+func eachOption(d *caddyfile.Dispenser, what string, seen map[string]bool, parse func(opt string) error) error {
+	if seen == nil {
+		seen = make(map[string]bool)
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("%s%s already specified", what, opt)
+		}
+		seen[opt] = true
+		if err := parse(opt); err != nil {
+			return err
+		}
 	}
 	return nil
 }

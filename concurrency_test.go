@@ -46,7 +46,14 @@ type responseSnapshot struct {
 }
 
 func TestConcurrentSameKeyRunsOnce(t *testing.T) {
-	h := isolated(t, &Handler{})
+	assertConcurrentSameKeyRunsOnce(t, isolated(t, &Handler{}))
+}
+
+// assertConcurrentSameKeyRunsOnce fires 100 requests with one key at h at
+// once: the upstream must run exactly once, one client gets its response
+// and every other one a 409 (with Retry-After) or an identical replay.
+func assertConcurrentSameKeyRunsOnce(t *testing.T, h *Handler) {
+	t.Helper()
 	up := slowUpstream(100 * time.Millisecond)
 	responses := fire(h, up, 100, "order-1", `{"amount":10}`)
 

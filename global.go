@@ -36,21 +36,14 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	}
 	var h Handler
 	opts := new(globalOptions)
-	for d.NextBlock(0) {
-		switch d.Val() {
-		case "storage":
-			if opts.StorageRaw != nil {
-				return nil, d.Err("storage already specified")
-			}
-			if err := h.parseStorage(d); err != nil {
-				return nil, err
-			}
-			opts.StorageRaw = h.StorageRaw
-		default:
-			return nil, d.Errf("unrecognized idempotency global option '%s' (only storage can be set globally)", d.Val())
+	err := eachOption(d, "", nil, func(opt string) error {
+		if opt != "storage" {
+			return d.Errf("unrecognized idempotency global option '%s' (only storage can be set globally)", opt)
 		}
-	}
-	return opts, nil
+		return h.parseStorage(d)
+	})
+	opts.StorageRaw = h.StorageRaw
+	return opts, err
 }
 
 // applyGlobalOptions fills in what a directive left to the global block.

@@ -60,29 +60,7 @@ func pgRows(t *testing.T, dsn, table string) int {
 
 func TestPostgresConcurrentSameKeyRunsOnce(t *testing.T) {
 	dsn := pgtest.Require(t)
-	h := onPostgres(t, &Handler{}, dsn, pgtest.Table(t, dsn), "")
-	up := slowUpstream(100 * time.Millisecond)
-	responses := fire(h, up, 100, "order-1", `{"amount":10}`)
-
-	if n := up.calls.Load(); n != 1 {
-		t.Fatalf("upstream ran %d times for 100 concurrent requests, want exactly 1", n)
-	}
-	var created, conflicts, replays int
-	for _, r := range responses {
-		switch {
-		case r.code == http.StatusConflict:
-			conflicts++
-		case r.code == http.StatusCreated && r.header.Get("Idempotent-Replayed") == "true":
-			replays++
-		case r.code == http.StatusCreated:
-			created++
-		default:
-			t.Errorf("unexpected response %d %q", r.code, r.body)
-		}
-	}
-	if created != 1 || conflicts+replays != 99 {
-		t.Fatalf("created %d, conflicts %d, replays %d; want 1 created and 99 others", created, conflicts, replays)
-	}
+	assertConcurrentSameKeyRunsOnce(t, onPostgres(t, &Handler{}, dsn, pgtest.Table(t, dsn), ""))
 }
 
 func TestPostgresWaitModeAllGetTheResponse(t *testing.T) {

@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -44,27 +43,7 @@ func sharedRedis(t *testing.T) string {
 }
 
 func TestRedisConcurrentSameKeyRunsOnce(t *testing.T) {
-	h := onRedis(t, &Handler{}, sharedRedis(t), redisPrefix(), "")
-	up := slowUpstream(100 * time.Millisecond)
-	responses := fire(h, up, 100, "order-1", `{"amount":10}`)
-	if n := up.calls.Load(); n != 1 {
-		t.Fatalf("upstream ran %d times for 100 concurrent requests, want 1", n)
-	}
-	var created, others int
-	for _, r := range responses {
-		switch {
-		case r.code == http.StatusCreated && r.header.Get("Idempotent-Replayed") == "":
-			created++
-		case r.code == http.StatusConflict,
-			r.code == http.StatusCreated && bytes.Equal(r.body, []byte(`{"id":"ord_1"}`)):
-			others++
-		default:
-			t.Errorf("unexpected response %d %q", r.code, r.body)
-		}
-	}
-	if created != 1 || others != 99 {
-		t.Fatalf("created %d, conflicts and replays %d; want 1 and 99", created, others)
-	}
+	assertConcurrentSameKeyRunsOnce(t, onRedis(t, &Handler{}, sharedRedis(t), redisPrefix(), ""))
 }
 
 func TestRedisReplayIsIdentical(t *testing.T) {

@@ -82,22 +82,14 @@ func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	for d.NextBlock(0) {
-		switch d.Val() {
-		case "max_keys":
-			if m.MaxKeys != 0 {
-				return d.Err("max_keys already specified")
-			}
-			n, err := intArg(d)
-			if err != nil {
-				return err
-			}
-			m.MaxKeys = n
-		default:
-			return d.Errf("unrecognized memory storage option '%s'", d.Val())
+	return eachOption(d, "", nil, func(opt string) error {
+		if opt != "max_keys" {
+			return d.Errf("unrecognized memory storage option '%s'", opt)
 		}
-	}
-	return nil
+		n, err := intArg(d)
+		m.MaxKeys = n
+		return err
+	})
 }
 
 // Interface guards

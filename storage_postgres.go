@@ -222,13 +222,7 @@ func (p *PostgresStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := make(map[string]bool)
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("postgres storage: %s already specified", opt)
-		}
-		seen[opt] = true
+	return eachOption(d, "postgres storage: ", nil, func(opt string) error {
 		var err error
 		switch opt {
 		case "dsn":
@@ -254,11 +248,8 @@ func (p *PostgresStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized postgres storage option '%s'", opt)
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return err
+	})
 }
 
 // Interface guards

@@ -391,12 +391,7 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	var masterErr error
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("redis storage %s already specified", opt)
-		}
-		seen[opt] = true
+	err := eachOption(d, "redis storage ", seen, func(opt string) error {
 		var err error
 		switch opt {
 		case "url":
@@ -438,9 +433,10 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized redis storage option '%s'", opt)
 		}
-		if err != nil {
-			return err
-		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	if r.MasterName != "" && len(r.Addresses) == 0 {
 		return masterErr
