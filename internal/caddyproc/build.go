@@ -8,14 +8,26 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 )
 
+// EnvBinary names a Caddy binary built from this checkout (e.g. by
+// `make build` with xcaddy) to use instead of building one.
+const EnvBinary = "IDEMPOTENCY_CADDY_BIN"
+
 // Build compiles cmd/caddy (Caddy's standard modules plus this module) from
-// the checkout into dir and returns the binary's path.
+// the checkout into dir and returns the binary's path; or, when EnvBinary
+// names an existing file, returns that.
 func Build(dir string) (string, error) {
+	if bin := os.Getenv(EnvBinary); bin != "" {
+		if _, err := os.Stat(bin); err != nil {
+			return "", fmt.Errorf("%s: %w", EnvBinary, err)
+		}
+		return bin, nil
+	}
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
