@@ -110,6 +110,32 @@ var client = &http.Client{Transport: &http.Transport{DisableCompression: true, M
 
 func post(t *testing.T, url, key, body string, header ...string) (*http.Response, []byte) {
 	t.Helper()
+	resp, b, err := tryPost(url, key, body, header...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+// postAcrossReload is post for the first request after a reload. Caddy
+// shuts the old servers down in the background after Load returns, so a
+// connection the old server held or still accepted may be closed under
+// the request (EOF): a real client retries, which the key makes safe.
+func postAcrossReload(t *testing.T, url, key, body string) (*http.Response, []byte) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		resp, b, err := tryPost(url, key, body)
+		if err == nil {
+			return resp, b
+		}
+		if attempt == 5 {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func tryPost(url, key, body string, header ...string) (*http.Response, []byte, error) {
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
@@ -120,14 +146,14 @@ func post(t *testing.T, url, key, body string, header ...string) (*http.Response
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatalf("POST %s: %v", url, err)
+		return nil, nil, fmt.Errorf("POST %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("reading response: %v", err)
+		return nil, nil, fmt.Errorf("reading response: %w", err)
 	}
-	return resp, b
+	return resp, b, nil
 }
 
 func TestCaddyfileReverseProxyConcurrentSameKeyRunsOnce(t *testing.T) {
@@ -229,7 +255,7 @@ func TestReloadKeepsMemoryState(t *testing.T) {
 		ttl 2h
 	}
 	reverse_proxy `+up.Listener.Addr().String())
-	resp, _ := post(t, base+"/orders", "k", "{}")
+	resp, _ := postAcrossReload(t, base+"/orders", "k", "{}")
 	if resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("after reload: %d, not replayed", resp.StatusCode)
 	}
