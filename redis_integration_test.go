@@ -294,3 +294,38 @@ func TestRedisCaddyfileEndToEnd(t *testing.T) {
 		t.Fatalf("replay: %d %q", resp.StatusCode, body)
 	}
 }
+
+// TestRedisSentinelFromConfig configures the handler for a Sentinel-managed
+// primary whose Sentinel requires a password given as an {env.*}
+// placeholder: the handler runs, replays and isolates requests there, and
+// with the wrong Sentinel password it fails closed without running.
+func TestRedisSentinelFromConfig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a primary, a replica and a Sentinel")
+	}
+	sentinel := redistest.StartSentinel(t, "s3ntinel-pass")
+	t.Setenv("IDEM_TEST_SENTINEL_PASSWORD", sentinel.Password)
+	storage := func(password string) json.RawMessage {
+		return json.RawMessage(fmt.Sprintf(`{"backend":"redis","addresses":[%q],"master_name":%q,"sentinel_password":%q,"key_prefix":%q,"timeout":"1s"}`,
+			sentinel.Addr, sentinel.MasterName, password, redisPrefix()))
+	}
+
+	h := provision(t, &Handler{StorageRaw: storage("{env.IDEM_TEST_SENTINEL_PASSWORD}")})
+	up := &upstream{}
+	first := serve(h, up, request("k", `{"a":1}`))
+	again := serve(h, up, request("k", `{"a":1}`))
+	if first.Code != http.StatusCreated || again.Header().Get("Idempotent-Replayed") != "true" || again.Body.String() != first.Body.String() {
+		t.Fatalf("first %d, retry %d replayed=%q", first.Code, again.Code, again.Header().Get("Idempotent-Replayed"))
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	}
+
+	wrong := provision(t, &Handler{StorageRaw: storage("not-the-password")})
+	if w := serve(wrong, up, request("other", `{}`)); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("wrong Sentinel password: %d, want 503 (fail_closed)", w.Code)
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	}
+}

@@ -55,7 +55,7 @@ const (
 // while Redis is down: requests then follow the handler's
 // on_storage_error until it is back.
 //
-// url, addresses, username and password accept placeholders such as
+// url, addresses and the user names and passwords accept placeholders such as
 // {env.REDIS_PASSWORD} or {file./run/secrets/redis}, resolved once at
 // provisioning; the resolved values never appear in the config.
 type RedisStorage struct {
@@ -74,9 +74,19 @@ type RedisStorage struct {
 	// {env.*} placeholder). Not together with url.
 	Addresses []string `json:"addresses,omitempty"`
 
-	// The name of the primary that the Sentinels at addresses monitor. The
-	// Sentinels themselves are contacted without credentials.
+	// The name of the primary that the Sentinels at addresses monitor.
+	// The client asks the Sentinels for the current primary and follows
+	// failovers.
 	MasterName string `json:"master_name,omitempty"`
+
+	// The ACL user name for the Sentinels themselves, when they require
+	// one (username and password are the data nodes'). Needs master_name.
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+
+	// The password for the Sentinels themselves, when they set
+	// requirepass (password is the data nodes'). Needs master_name. Use a
+	// placeholder such as {env.REDIS_SENTINEL_PASSWORD}.
+	SentinelPassword string `json:"sentinel_password,omitempty"`
 
 	// The ACL user name (Redis 6 and later). Not together with a user in url.
 	Username string `json:"username,omitempty"`
@@ -164,17 +174,20 @@ func (r *RedisStorage) Cleanup() error {
 // values mean "not set"; defaults apply when the client is built. Its
 // fields are exported for json.Marshal only.
 type redisConfig struct {
-	URL         string
-	Addrs       []string
-	TLS         bool
-	MasterName  string
-	Username    string
-	Password    string
-	KeyPrefix   string
-	PoolSize    int
-	DialTimeout time.Duration
-	Timeout     time.Duration
-	Cache       *cache.Options
+	URL        string
+	Addrs      []string
+	TLS        bool
+	MasterName string
+	Username   string
+	Password   string
+	// The Sentinels' own credentials.
+	SentinelUsername string
+	SentinelPassword string
+	KeyPrefix        string
+	PoolSize         int
+	DialTimeout      time.Duration
+	Timeout          time.Duration
+	Cache            *cache.Options
 }
 
 // resolve checks r and resolves its placeholders. Errors never quote url,
@@ -185,6 +198,8 @@ func (r *RedisStorage) resolve() (redisConfig, error) {
 		return redisConfig{}, errors.New("redis storage: url and addresses are mutually exclusive")
 	case r.MasterName != "" && len(r.Addresses) == 0:
 		return redisConfig{}, errors.New("redis storage: master_name needs addresses (the Sentinels)")
+	case r.MasterName == "" && (r.SentinelUsername != "" || r.SentinelPassword != ""):
+		return redisConfig{}, errors.New("redis storage: sentinel_username and sentinel_password need master_name")
 	case r.ReplayCache.validate() != nil:
 		return redisConfig{}, fmt.Errorf("redis storage: %w", r.ReplayCache.validate())
 	case r.PoolSize < 0:
@@ -198,15 +213,17 @@ func (r *RedisStorage) resolve() (redisConfig, error) {
 	// that is not a placeholder stays as written.
 	repl := caddy.NewReplacer()
 	cfg := redisConfig{
-		URL:         repl.ReplaceKnown(r.URL, ""),
-		MasterName:  repl.ReplaceKnown(r.MasterName, ""),
-		Username:    repl.ReplaceKnown(r.Username, ""),
-		Password:    repl.ReplaceKnown(r.Password, ""),
-		KeyPrefix:   r.KeyPrefix,
-		PoolSize:    r.PoolSize,
-		DialTimeout: time.Duration(r.DialTimeout),
-		Timeout:     time.Duration(r.Timeout),
-		Cache:       r.ReplayCache.config(),
+		URL:              repl.ReplaceKnown(r.URL, ""),
+		MasterName:       repl.ReplaceKnown(r.MasterName, ""),
+		Username:         repl.ReplaceKnown(r.Username, ""),
+		Password:         repl.ReplaceKnown(r.Password, ""),
+		SentinelUsername: repl.ReplaceKnown(r.SentinelUsername, ""),
+		SentinelPassword: repl.ReplaceKnown(r.SentinelPassword, ""),
+		KeyPrefix:        r.KeyPrefix,
+		PoolSize:         r.PoolSize,
+		DialTimeout:      time.Duration(r.DialTimeout),
+		Timeout:          time.Duration(r.Timeout),
+		Cache:            r.ReplayCache.config(),
 	}
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = redisstore.DefaultKeyPrefix
@@ -333,14 +350,16 @@ func (c redisConfig) newClient() (goredis.UniversalClient, error) {
 		return goredis.NewClient(opt), nil
 	}
 	opt := &goredis.UniversalOptions{
-		Addrs:        c.Addrs,
-		MasterName:   c.MasterName,
-		Username:     c.Username,
-		Password:     c.Password,
-		PoolSize:     c.PoolSize,
-		DialTimeout:  c.dialTimeout(),
-		ReadTimeout:  timeout,
-		WriteTimeout: timeout,
+		Addrs:            c.Addrs,
+		MasterName:       c.MasterName,
+		Username:         c.Username,
+		Password:         c.Password,
+		SentinelUsername: c.SentinelUsername,
+		SentinelPassword: c.SentinelPassword,
+		PoolSize:         c.PoolSize,
+		DialTimeout:      c.dialTimeout(),
+		ReadTimeout:      timeout,
+		WriteTimeout:     timeout,
 		// The store bounds each operation with a context deadline
 		// (timeout); the client must honour it on the socket too.
 		ContextTimeoutEnabled: true,
@@ -370,6 +389,8 @@ func (c redisConfig) dialTimeout() time.Duration {
 //	    url <redis://...|rediss://...|unix://...>
 //	    addresses <host:port...>
 //	    master_name <name>
+//	    sentinel_username <user>
+//	    sentinel_password <password>
 //	    username <user>
 //	    password <password>
 //	    key_prefix <prefix>
@@ -390,7 +411,7 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.ArgErr()
 		}
 	}
-	var masterErr error
+	var masterErr, sentinelErr error
 	err := eachOption(d, "redis storage ", seen, func(opt string) error {
 		var err error
 		switch opt {
@@ -416,6 +437,12 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "master_name":
 			err = stringArg(d, &r.MasterName)
 			masterErr = d.Err("redis storage master_name needs addresses (the Sentinels)")
+		case "sentinel_username":
+			err = stringArg(d, &r.SentinelUsername)
+			sentinelErr = d.Errf("redis storage %s needs master_name", opt)
+		case "sentinel_password":
+			err = stringArg(d, &r.SentinelPassword)
+			sentinelErr = d.Errf("redis storage %s needs master_name", opt)
 		case "username":
 			err = stringArg(d, &r.Username)
 		case "password":
@@ -440,6 +467,9 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	if r.MasterName != "" && len(r.Addresses) == 0 {
 		return masterErr
+	}
+	if r.MasterName == "" && sentinelErr != nil {
+		return sentinelErr
 	}
 	return nil
 }

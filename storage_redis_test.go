@@ -75,6 +75,10 @@ func TestRedisCaddyfileOptions(t *testing.T) {
 			RedisStorage{Addresses: []string{"rediss://n1:7000", "rediss://n2:7000", "rediss://n3:7000"}}},
 		{"sentinel", []string{"storage redis {", "\taddresses s1:26379 s2:26379", "\tmaster_name mymaster", "}"},
 			RedisStorage{Addresses: []string{"s1:26379", "s2:26379"}, MasterName: "mymaster"}},
+		{"sentinel with its own credentials", []string{"storage redis {", "\taddresses s1:26379", "\tmaster_name mymaster",
+			"\tsentinel_username watcher", "\tsentinel_password {env.SENTINEL_PASSWORD}", "\tpassword {env.REDIS_PASSWORD}", "}"},
+			RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "mymaster", SentinelUsername: "watcher",
+				SentinelPassword: "{env.SENTINEL_PASSWORD}", Password: "{env.REDIS_PASSWORD}"}},
 		{"sentinel, master_name first", []string{"storage redis {", "\tmaster_name mymaster", "\taddresses s1:26379", "}"},
 			RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "mymaster"}},
 		{"addresses from a placeholder", []string{"storage redis {", "\taddresses {env.REDIS_NODES}", "}"},
@@ -119,6 +123,9 @@ func TestRedisCaddyfileErrors(t *testing.T) {
 		{"address with credentials", []string{"storage redis {", "\taddresses redis://u:p@n1:7000", "}"}, 4, []string{"address", "host:port"}},
 		{"mixed TLS addresses", []string{"storage redis {", "\taddresses rediss://n1:7000 n2:7000", "}"}, 4, []string{"mix TLS"}},
 		{"master_name without addresses", []string{"storage redis {", "\tmaster_name m", "\ttimeout 1s", "}"}, 4, []string{"master_name needs addresses"}},
+		{"sentinel_password without master_name", []string{"storage redis {", "\taddresses s1:26379", "\tsentinel_password p", "\ttimeout 1s", "}"}, 5, []string{"sentinel_password needs master_name"}},
+		{"sentinel_username without master_name", []string{"storage redis {", "\tsentinel_username u", "}"}, 4, []string{"sentinel_username needs master_name"}},
+		{"sentinel_password without value", []string{"storage redis {", "\tsentinel_password", "}"}, 4, []string{"wrong argument count", "'sentinel_password'"}},
 		{"master_name without value", []string{"storage redis {", "\tmaster_name", "}"}, 4, []string{"wrong argument count", "'master_name'"}},
 		{"username without value", []string{"storage redis {", "\tusername", "}"}, 4, []string{"wrong argument count", "'username'"}},
 		{"password with two values", []string{"storage redis {", "\tpassword a b", "}"}, 4, []string{"wrong argument count", "'b'"}},
@@ -141,12 +148,13 @@ func TestRedisCaddyfileErrors(t *testing.T) {
 func TestRedisCaddyfileDuplicates(t *testing.T) {
 	for _, line := range []string{
 		"url redis://a", "addresses a:1 b:2", "master_name m", "username u", "password p",
+		"sentinel_username u", "sentinel_password p",
 		"key_prefix k", "pool_size 2", "dial_timeout 1s", "timeout 1s",
 	} {
 		opt, _, _ := strings.Cut(line, " ")
 		t.Run(opt, func(t *testing.T) {
 			body := []string{"storage redis {", "\t" + line, "\t" + line, "}"}
-			if opt == "master_name" {
+			if opt == "master_name" || strings.HasPrefix(opt, "sentinel_") {
 				body = []string{"storage redis {", "\taddresses a:1", "\t" + line, "\t" + line, "}"}
 			}
 			_, err := cfParse(cfBlock(body...))
@@ -194,8 +202,11 @@ func TestRedisResolve(t *testing.T) {
 			want: redisConfig{Addrs: []string{"n1:7000", "n2:7000"}, TLS: true, KeyPrefix: "idempotency:"}},
 		{name: "sentinel", in: RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "m", Username: "u", Password: "p", PoolSize: 7, DialTimeout: caddy.Duration(time.Second), Timeout: caddy.Duration(time.Minute)},
 			want: redisConfig{Addrs: []string{"s1:26379"}, MasterName: "m", Username: "u", Password: "p", KeyPrefix: "idempotency:", PoolSize: 7, DialTimeout: time.Second, Timeout: time.Minute}},
+		{name: "sentinel credentials from env", in: RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "m", SentinelUsername: "w", SentinelPassword: "{env.IDEM_TEST_REDIS_PASSWORD}"},
+			want: redisConfig{Addrs: []string{"s1:26379"}, MasterName: "m", SentinelUsername: "w", SentinelPassword: "s3cr{e}t", KeyPrefix: "idempotency:"}},
 
 		{name: "url and addresses", in: RedisStorage{URL: "redis://a", Addresses: []string{"b:1"}}, wantErr: "mutually exclusive"},
+		{name: "sentinel_password without master_name", in: RedisStorage{Addresses: []string{"b:1"}, SentinelPassword: "p"}, wantErr: "need master_name"},
 		{name: "master_name alone", in: RedisStorage{MasterName: "m"}, wantErr: "master_name needs addresses"},
 		{name: "master_name with url", in: RedisStorage{MasterName: "m", URL: "redis://a"}, wantErr: "master_name needs addresses"},
 		{name: "url empty from env", in: RedisStorage{URL: "{env.IDEM_TEST_UNSET_VARIABLE}"}, wantErr: "url is empty"},

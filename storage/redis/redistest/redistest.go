@@ -102,6 +102,7 @@ type Server struct {
 	Addr string
 
 	bin, dir string
+	conf     string   // a configuration file to start with, if any
 	args     []string // extra arguments, kept for Restart
 
 	mu   sync.Mutex
@@ -196,10 +197,14 @@ func startServer(t testing.TB, bin string, extra ...string) (*Server, error) {
 // launch runs redis-server on s.Addr and waits until it answers PING.
 func (s *Server) launch() error {
 	_, port, _ := net.SplitHostPort(s.Addr)
-	cmd := exec.Command(s.bin, append([]string{
-		"--port", port, "--bind", "127.0.0.1",
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf) // a configuration file comes first
+	}
+	args = append(args, "--port", port, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--logfile", s.dir + "/redis.log"}, s.args...)...)
+		"--logfile", s.dir+"/redis.log")
+	cmd := exec.Command(s.bin, append(args, s.args...)...)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -213,7 +218,8 @@ func (s *Server) launch() error {
 		if err == nil {
 			_, err = c.Do("PING")
 			c.Close()
-			if err == nil {
+			// A server that requires a password is up when it says so.
+			if err == nil || strings.HasPrefix(err.Error(), "NOAUTH") {
 				return nil
 			}
 		}
