@@ -129,16 +129,7 @@ func TestAdminShowsAndDeletesPostgresRecords(t *testing.T) {
 
 func TestAdminClearsAKeyStuckInFlight(t *testing.T) {
 	h := isolated(t, &Handler{})
-	started, release := make(chan struct{}), make(chan struct{})
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
-		close(started)
-		<-release
-		w.WriteHeader(http.StatusCreated)
-		return nil
-	}}
-	done := make(chan struct{})
-	go func() { serve(h, up, request("stuck", "{}")); close(done) }()
-	<-started
+	up, release, done := holdInFlight(h, request("stuck", "{}"))
 	sel := "&store=" + url.QueryEscape(storeID(t, h))
 	code, body := adminCall(t, http.MethodGet, keysPath("stuck", "example.com ", sel))
 	if code != http.StatusOK || body["records"].([]any)[0].(map[string]any)["state"] != "in_flight" {
@@ -151,7 +142,7 @@ func TestAdminClearsAKeyStuckInFlight(t *testing.T) {
 	if w := serve(h, up, request("stuck", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
 		t.Fatalf("a cleared key must run again: %d", w.Code)
 	}
-	close(release)
+	release()
 	<-done
 	// The first request's late completion is fenced: the second one's
 	// record stays.

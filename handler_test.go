@@ -119,16 +119,7 @@ func TestKeyReusedForOtherRequestIsMismatch(t *testing.T) {
 
 func TestMismatchIsCheckedBeforeInFlight(t *testing.T) {
 	h := isolated(t, &Handler{})
-	started, release := make(chan struct{}), make(chan struct{})
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
-		close(started)
-		<-release
-		w.WriteHeader(http.StatusCreated)
-		return nil
-	}}
-	done := make(chan struct{})
-	go func() { serve(h, up, request("k", `{"a":1}`)); close(done) }()
-	<-started
+	up, release, done := holdInFlight(h, request("k", `{"a":1}`))
 
 	if w := serve(h, up, request("k", `{"a":2}`)); w.Code != http.StatusUnprocessableEntity {
 		t.Fatalf("other request while in flight: %d, want 422", w.Code)
@@ -143,7 +134,7 @@ func TestMismatchIsCheckedBeforeInFlight(t *testing.T) {
 	if p := problemOf(t, w); p.Title != "A request is outstanding for this Idempotency-Key" {
 		t.Fatalf("title %q", p.Title)
 	}
-	close(release)
+	release()
 	<-done
 }
 

@@ -61,6 +61,24 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 	return err
 }
 
+// holdInFlight serves r on h in the background through an upstream that
+// stops until release is called, and returns once that upstream runs: a
+// request held in flight for as long as a test needs. Released, the
+// upstream answers 201; done then yields the response.
+func holdInFlight(h *Handler, r *http.Request) (up *upstream, release func(), done <-chan *httptest.ResponseRecorder) {
+	started, proceed := make(chan struct{}), make(chan struct{})
+	up = &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		close(started)
+		<-proceed
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}}
+	responses := make(chan *httptest.ResponseRecorder, 1)
+	go func() { responses <- serve(h, up, r) }()
+	<-started
+	return up, func() { close(proceed) }, responses
+}
+
 // request builds a POST with a key (none when key is "").
 func request(key, body string) *http.Request {
 	r := httptest.NewRequest(http.MethodPost, "http://example.com/orders", strings.NewReader(body))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -283,20 +282,11 @@ func TestProvisionSharesMemoryStore(t *testing.T) {
 // in flight for a retry to run again.
 func TestRequestRunningAcrossCleanupStillCompletes(t *testing.T) {
 	h := isolated(t, &Handler{})
-	entered, proceed := make(chan struct{}), make(chan struct{})
-	slow := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
-		close(entered)
-		<-proceed
-		w.WriteHeader(http.StatusCreated)
-		return nil
-	}}
-	done := make(chan *httptest.ResponseRecorder)
-	go func() { done <- serve(h, slow, request("across-cleanup", `{}`)) }()
-	<-entered
+	slow, release, done := holdInFlight(h, request("across-cleanup", `{}`))
 	if err := h.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
-	close(proceed)
+	release()
 	if w := <-done; w.Code != http.StatusCreated {
 		t.Fatalf("request running across Cleanup: %d", w.Code)
 	}

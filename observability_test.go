@@ -107,20 +107,12 @@ func TestMetricsCountEachOutcomeExactly(t *testing.T) {
 
 func TestInFlightGaugeRisesWhileARequestRuns(t *testing.T) {
 	h := isolated(t, &Handler{})
-	started, release := make(chan struct{}), make(chan struct{})
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
-		close(started)
-		<-release
-		return nil
-	}}
 	before := gaugeValue(t)
-	done := make(chan struct{})
-	go func() { serve(h, up, request("k", "{}")); close(done) }()
-	<-started
+	_, release, done := holdInFlight(h, request("k", "{}"))
 	if got := gaugeValue(t) - before; got != 1 {
 		t.Errorf("in_flight rose by %v while a request ran, want 1", got)
 	}
-	close(release)
+	release()
 	<-done
 	if got := gaugeValue(t) - before; got != 0 {
 		t.Errorf("in_flight is %v above where it started after the request, want 0", got)

@@ -12,9 +12,13 @@ import (
 // short, so that the tests are quick, and still three renewal periods.
 const lockTimeout = time.Second
 
-// crashSite is one shared store behind both instances, lease lockTimeout.
-func crashSite(up *caddyproc.Upstream, store backend) site {
-	return site{routes: route(up, store.storage+"\nlock_timeout "+lockTimeout.String())}
+// twoInstances starts instances a and b on one shared store, with a short
+// lock_timeout, in front of one counting upstream.
+func twoInstances(t *testing.T, store backend) (up *caddyproc.Upstream, a, b *caddyproc.Instance) {
+	t.Helper()
+	up = newUpstream(t)
+	s := site{routes: route(up, store.storage+"\nlock_timeout "+lockTimeout.String())}
+	return up, startCaddy(t, "a", s), startCaddy(t, "b", s)
 }
 
 // takeOver retries key on inst every 100ms while the answer is a 409, and
@@ -34,14 +38,10 @@ func takeOver(inst *caddyproc.Instance, key string, within time.Duration, header
 func TestKilledInstanceKeyIsTakenOverAfterLockTimeoutAndRunsOnceMore(t *testing.T) {
 	for _, b := range sharedBackends {
 		t.Run(b.name, func(t *testing.T) {
-			store := b.open(t)
-			up := newUpstream(t)
-			a, bb := startCaddy(t, "a", crashSite(up, store)), startCaddy(t, "b", crashSite(up, store))
+			up, a, bb := twoInstances(t, b.open(t))
 
 			const key = "order-crash"
-			crashed := make(chan reply, 1)
-			go func() { crashed <- post(a.URL(), "/orders", key, `{"amount":10}`, delay(3*lockTimeout)...) }()
-			eventually(t, 10*time.Second, 10*time.Millisecond, "the upstream to start on a", func() bool { return up.Executions(key) == 1 })
+			crashed := running(t, up, a, key, `{"amount":10}`, 3*lockTimeout)
 
 			a.Kill()
 			killed := time.Now()
@@ -77,15 +77,11 @@ func TestKilledInstanceKeyIsTakenOverAfterLockTimeoutAndRunsOnceMore(t *testing.
 func TestStalledOwnerCannotOverwriteTheNewOwnersRecord(t *testing.T) {
 	for _, b := range sharedBackends {
 		t.Run(b.name, func(t *testing.T) {
-			store := b.open(t)
-			up := newUpstream(t)
-			a, bb := startCaddy(t, "a", crashSite(up, store)), startCaddy(t, "b", crashSite(up, store))
+			up, a, bb := twoInstances(t, b.open(t))
 
 			const key = "order-stall"
 			work := 2 * lockTimeout
-			stalled := make(chan reply, 1)
-			go func() { stalled <- post(a.URL(), "/orders", key, `{"amount":10}`, delay(work)...) }()
-			eventually(t, 10*time.Second, 5*time.Millisecond, "the upstream to start on a", func() bool { return up.Executions(key) == 1 })
+			stalled := running(t, up, a, key, `{"amount":10}`, work)
 			started := time.Now() // a little after the upstream started
 			if err := a.Pause(); err != nil {
 				t.Fatal(err)
@@ -141,9 +137,7 @@ func TestPartitionedOwnerLosesTheKeyAndTheUpstreamRunsTwice(t *testing.T) {
 			bb := startCaddy(t, "b", site{routes: route(up, store.storage+lease)})
 
 			const key = "order-partition"
-			cutOff := make(chan reply, 1)
-			go func() { cutOff <- post(a.URL(), "/orders", key, `{"amount":10}`, delay(4*lockTimeout)...) }()
-			eventually(t, 10*time.Second, 5*time.Millisecond, "the upstream to start on a", func() bool { return up.Executions(key) == 1 })
+			cutOff := running(t, up, a, key, `{"amount":10}`, 4*lockTimeout)
 			p.Cut()
 
 			r, _ := takeOver(bb, key, lockTimeout+5*time.Second)

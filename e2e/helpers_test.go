@@ -346,6 +346,17 @@ func post(base, path, key, body string, header ...string) reply {
 }
 
 // delay is the header pair that makes the upstream work for d.
+// running POSTs key to inst in the background, with an upstream that works
+// for work, and returns once the upstream has started; the reply arrives on
+// the channel when the request ends.
+func running(t *testing.T, up *caddyproc.Upstream, inst *caddyproc.Instance, key, body string, work time.Duration) <-chan reply {
+	t.Helper()
+	done := make(chan reply, 1)
+	go func() { done <- post(inst.URL(), "/orders", key, body, delay(work)...) }()
+	eventually(t, 10*time.Second, 5*time.Millisecond, "the upstream to start running "+key, func() bool { return up.Executions(key) == 1 })
+	return done
+}
+
 func delay(d time.Duration) []string {
 	return []string{"X-Upstream-Delay", fmt.Sprint(d.Milliseconds())}
 }

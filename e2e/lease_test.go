@@ -13,16 +13,12 @@ import (
 func TestLongRequestKeepsItsLeaseAndRunsOnce(t *testing.T) {
 	for _, b := range sharedBackends {
 		t.Run(b.name, func(t *testing.T) {
-			store := b.open(t)
-			up := newUpstream(t)
-			a, bb := startCaddy(t, "a", crashSite(up, store)), startCaddy(t, "b", crashSite(up, store))
+			up, a, bb := twoInstances(t, b.open(t))
 
 			const key = "order-long"
 			work := 3 * lockTimeout
 			started := time.Now()
-			first := make(chan reply, 1)
-			go func() { first <- post(a.URL(), "/orders", key, `{"amount":10}`, delay(work)...) }()
-			eventually(t, 10*time.Second, 5*time.Millisecond, "the upstream to start", func() bool { return up.Executions(key) == 1 })
+			first := running(t, up, a, key, `{"amount":10}`, work)
 
 			var lastConflict time.Duration
 			conflicts := 0

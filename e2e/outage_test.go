@@ -118,9 +118,7 @@ func TestStoreOutageFailsClosedOrOpenAndRecoversWithoutRestart(t *testing.T) {
 			}
 
 			// A request whose upstream is running when the store goes away.
-			inFlight := make(chan reply, 1)
-			go func() { inFlight <- post(inst.URL(), "/orders", "cut-mid-flight", body, delay(time.Second)...) }()
-			eventually(t, 10*time.Second, 5*time.Millisecond, "the upstream to start", func() bool { return up.Executions("cut-mid-flight") == 1 })
+			inFlight := running(t, up, inst, "cut-mid-flight", body, time.Second)
 			cut()
 
 			// fail_closed: 503, the upstream never runs, not even to replay.

@@ -123,13 +123,11 @@ func TestReloadThatChangesTheStoreConfigLetsRunningRequestsFinish(t *testing.T) 
 	lease := "\nlock_timeout " + lockTimeout.String()
 	inst := startCaddy(t, "caddy", site{routes: route(up, store.storage+lease)})
 
-	running := make(chan reply, 1)
-	go func() { running <- post(inst.URL(), "/orders", "k", `{}`, delay(2*lockTimeout)...) }()
-	eventually(t, 10*time.Second, 5*time.Millisecond, "the upstream to start", func() bool { return up.Executions("k") == 1 })
+	inFlight := running(t, up, inst, "k", `{}`, 2*lockTimeout)
 	changed := strings.Replace(store.storage, "pool_size 5", "pool_size 6", 1)
 	reload(t, inst, site{routes: route(up, changed+lease)})
 
-	if r := <-running; !r.isNew() {
+	if r := <-inFlight; !r.isNew() {
 		t.Fatalf("request running across the reload: %s", r)
 	}
 	if r := post(inst.URL(), "/orders", "k", `{}`); !r.isReplayOf(1) {
@@ -168,9 +166,7 @@ func TestRequestRunningAcrossAReloadKeepsItsLeaseAndRunsOnce(t *testing.T) {
 	inst := startCaddy(t, "caddy", s(time.Hour))
 	pid := inst.PID()
 
-	running := make(chan reply, 1)
-	go func() { running <- post(inst.URL(), "/orders", "k", `{}`, delay(3*lockTimeout)...) }()
-	eventually(t, 10*time.Second, 5*time.Millisecond, "the upstream to start", func() bool { return up.Executions("k") == 1 })
+	inFlight := running(t, up, inst, "k", `{}`, 3*lockTimeout)
 	reload(t, inst, s(2*time.Hour))
 	// Past the lease the request started with: only renewals made after
 	// the reload keep it.
@@ -178,7 +174,7 @@ func TestRequestRunningAcrossAReloadKeepsItsLeaseAndRunsOnce(t *testing.T) {
 	if r := post(inst.URL(), "/orders", "k", `{}`); !r.isConflict() {
 		t.Fatalf("retry while the request runs across the reload: %s, want 409", r)
 	}
-	if r := <-running; !r.isNew() {
+	if r := <-inFlight; !r.isNew() {
 		t.Fatalf("request running across the reload: %s", r)
 	}
 	if r := post(inst.URL(), "/orders", "k", `{}`); !r.isReplayOf(1) {

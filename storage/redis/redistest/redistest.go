@@ -84,16 +84,7 @@ func StartServer(t testing.TB) *Server {
 	if err != nil {
 		unavailable(t, "redis-server binary: %v", err)
 	}
-	for attempt := 0; ; attempt++ {
-		s, err := startServer(t, bin)
-		if err == nil {
-			return s
-		}
-		// The free port may have been taken between finding and using it.
-		if attempt == 2 {
-			t.Fatalf("starting redis-server: %v", err)
-		}
-	}
+	return start(t, "redis-server", func() (*Server, error) { return startServer(t, bin, "") })
 }
 
 // Server is a private redis-server process.
@@ -123,16 +114,9 @@ func StartCluster(t testing.TB, n int) []string {
 	}
 	addrs := make([]string, n)
 	for i := range addrs {
-		var s *Server
-		for attempt := 0; ; attempt++ {
-			if s, err = startServer(t, bin, "--cluster-enabled", "yes", "--cluster-node-timeout", "5000"); err == nil {
-				break
-			}
-			if attempt == 2 {
-				t.Fatalf("starting cluster node: %v", err)
-			}
-		}
-		addrs[i] = s.Addr
+		addrs[i] = start(t, "a cluster node", func() (*Server, error) {
+			return startServer(t, bin, "", "--cluster-enabled", "yes", "--cluster-node-timeout", "5000")
+		}).Addr
 	}
 	for i, addr := range addrs {
 		c, err := dial(addr, time.Second)
@@ -174,7 +158,24 @@ func StartCluster(t testing.TB, n int) []string {
 	}
 }
 
-func startServer(t testing.TB, bin string, extra ...string) (*Server, error) {
+// start calls startServer until it succeeds, at most three times: a free
+// port may be taken between finding and using it.
+func start(t testing.TB, what string, startServer func() (*Server, error)) *Server {
+	t.Helper()
+	for attempt := 0; ; attempt++ {
+		s, err := startServer()
+		if err == nil {
+			return s
+		}
+		if attempt == 2 {
+			t.Fatalf("starting %s: %v", what, err)
+		}
+	}
+}
+
+// startServer starts redis-server on a free port, with the configuration
+// file conf (none when "") and extra arguments.
+func startServer(t testing.TB, bin, conf string, extra ...string) (*Server, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -185,6 +186,7 @@ func startServer(t testing.TB, bin string, extra ...string) (*Server, error) {
 		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 		bin:  bin,
 		dir:  t.TempDir(),
+		conf: conf,
 		args: extra,
 	}
 	if err := s.launch(); err != nil {

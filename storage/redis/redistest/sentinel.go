@@ -41,24 +41,25 @@ func StartSentinel(t testing.TB, password string) *Sentinel {
 	}
 	primary := StartServer(t)
 	host, port, _ := net.SplitHostPort(primary.Addr)
-	var replica *Server
-	for attempt := 0; ; attempt++ {
-		if replica, err = startServer(t, bin, "--replicaof", host, port); err == nil {
-			break
-		}
-		if attempt == 2 {
-			t.Fatalf("starting the replica: %v", err)
-		}
-	}
+	replica := start(t, "the replica", func() (*Server, error) {
+		return startServer(t, bin, "", "--replicaof", host, port)
+	})
 	s := &Sentinel{MasterName: "idempotency-primary", Password: password, Primary: primary, Replica: replica}
-	for attempt := 0; ; attempt++ {
-		if err = s.startSentinel(t, bin); err == nil {
-			break
-		}
-		if attempt == 2 {
-			t.Fatalf("starting redis-server --sentinel: %v", err)
-		}
+	// The Sentinel rewrites its configuration file, so it gets one of its
+	// own; the port and directory come from the command line.
+	conf := t.TempDir() + "/sentinel.conf"
+	lines := fmt.Sprintf("sentinel monitor %s %s %s 1\n"+
+		"sentinel down-after-milliseconds %[1]s 5000\n"+
+		"sentinel failover-timeout %[1]s 10000\n", s.MasterName, host, port)
+	if password != "" {
+		lines += "requirepass " + password + "\n"
 	}
+	if err := os.WriteFile(conf, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.Addr = start(t, "redis-server --sentinel", func() (*Server, error) {
+		return startServer(t, bin, conf, "--sentinel")
+	}).Addr
 
 	ctx := context.Background()
 	sc := s.client()
@@ -71,37 +72,6 @@ func StartSentinel(t testing.TB, password string) *Sentinel {
 		return linkUp(ctx, replica.Addr)
 	})
 	return s
-}
-
-// startSentinel writes a Sentinel configuration (the Sentinel rewrites it,
-// so it must be its own file) and starts the Sentinel on a free port.
-func (s *Sentinel) startSentinel(t testing.TB, bin string) error {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	addr := l.Addr().String()
-	l.Close()
-	host, port, _ := net.SplitHostPort(s.Primary.Addr)
-	_, own, _ := net.SplitHostPort(addr)
-	dir := t.TempDir()
-	conf := fmt.Sprintf("port %s\nbind 127.0.0.1\ndir %s\n"+
-		"sentinel monitor %s %s %s 1\n"+
-		"sentinel down-after-milliseconds %[3]s 5000\n"+
-		"sentinel failover-timeout %[3]s 10000\n", own, dir, s.MasterName, host, port)
-	if s.Password != "" {
-		conf += "requirepass " + s.Password + "\n"
-	}
-	if err := os.WriteFile(dir+"/sentinel.conf", []byte(conf), 0o600); err != nil {
-		return err
-	}
-	srv := &Server{Addr: addr, bin: bin, dir: dir, args: []string{"--sentinel"}, conf: dir + "/sentinel.conf"}
-	if err := srv.launch(); err != nil {
-		return err
-	}
-	t.Cleanup(srv.Kill)
-	s.Addr = addr
-	return nil
 }
 
 // client is a client of the Sentinel itself.
