@@ -14,8 +14,9 @@ import (
 // errBodyTooLarge: the request body is larger than max_body_size.
 var errBodyTooLarge = errors.New("request body too large")
 
-// maxPooledBody is the largest body buffer put back in the pool; rarer
-// big ones are left to the garbage collector so the pool stays small.
+// maxPooledBody is the largest body buffer put back in the pool (rarer
+// big ones are left to the garbage collector so the pool stays small), and
+// the most a buffer holds before any byte arrives.
 const maxPooledBody = 64 << 10
 
 var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -31,8 +32,11 @@ func readBody(r *http.Request, limit int64) (*bufferedBody, error) {
 	buf.Reset()
 	body := &bufferedBody{buf: buf}
 	if r.Body != nil && r.Body != http.NoBody {
+		// Grow as bytes arrive rather than to Content-Length at once: a
+		// client that announces a megabyte and sends nothing must not pin
+		// a megabyte per connection.
 		if r.ContentLength > 0 {
-			buf.Grow(int(r.ContentLength))
+			buf.Grow(int(min(r.ContentLength, maxPooledBody)))
 		}
 		n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
 		if err == nil && n > limit {

@@ -56,7 +56,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	return eachOption(d, "", nil, func(opt string) error { return h.parseOption(d, opt) })
+	return eachOption(d, "", nil, func(opt string) error {
+		if err := h.parseOption(d, opt); err != nil {
+			return err
+		}
+		// The rules live in check, run on what is parsed so far: an
+		// invalid value is reported at its own line.
+		if err := h.check(); err != nil {
+			return d.Err(err.Error())
+		}
+		return nil
+	})
 }
 
 // parseOption parses one option of the directive's block.
@@ -89,10 +99,9 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, opt string) error {
 		if len(args) == 0 {
 			return d.ArgErr()
 		}
-		if strings.TrimSpace(strings.Join(args, "")) == "" {
+		if h.Scope = strings.Join(args, " "); h.Scope == "" {
 			return d.Err("scope must not be empty; to share keys between all clients, use a constant such as 'global'")
 		}
-		h.Scope = strings.Join(args, " ")
 	case "max_key_length":
 		h.MaxKeyLength, err = intArg(d)
 	case "max_body_size":
@@ -105,9 +114,6 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, opt string) error {
 		h.ReleaseOn = d.RemainingArgs()
 		if len(h.ReleaseOn) == 0 {
 			return d.ArgErr()
-		}
-		if _, err := parseStatusSet(h.ReleaseOn); err != nil {
-			return d.Errf("release_on: %v", err)
 		}
 	case "in_flight":
 		err = h.parseInFlight(d)

@@ -161,15 +161,15 @@ func TestWaitModeRunsWhenTheFirstIsReleased(t *testing.T) {
 func TestLongRequestKeepsItsLease(t *testing.T) {
 	// The upstream takes 3x lock_timeout: without renewal a retry would
 	// take the key over and run it a second time.
-	h := isolated(t, &Handler{LockTimeout: caddy.Duration(150 * time.Millisecond)})
-	up := slowUpstream(450 * time.Millisecond)
+	h := isolated(t, &Handler{LockTimeout: caddy.Duration(time.Second)})
+	up := slowUpstream(3 * time.Second)
 	done := make(chan struct{})
 	go func() { serve(h, up, request("k", "{}")); close(done) }()
 	if !eventually(t, 2*time.Second, func() bool { return up.calls.Load() == 1 }) {
 		t.Fatal("first request did not start")
 	}
 	for i := 0; i < 6; i++ {
-		time.Sleep(60 * time.Millisecond)
+		time.Sleep(400 * time.Millisecond)
 		select {
 		case <-done:
 		default:

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -21,33 +20,24 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
-// Outcomes of a request, as set in {http.idempotency.outcome}.
-const (
-	outcomeNew        = "new"         // ran the next handler under a fresh key
-	outcomeReplayed   = "replayed"    // answered with the recorded response
-	outcomeWaited     = "waited"      // waited for the first request, then replayed it
-	outcomeConflict   = "conflict"    // 409: the first request is still running
-	outcomeMismatch   = "mismatch"    // 422: the key was used for another request
-	outcomeMissing    = "missing"     // 400: no key where one is required
-	outcomeInvalid    = "invalid"     // 400: malformed key or no client scope
-	outcomeTooLarge   = "too_large"   // 413: body over max_body_size
-	outcomeStoreError = "store_error" // the store failed: 503, or passed on with fail_open
-	outcomePassed     = "passed"      // no key: passed on without idempotency
-)
-
-// Placeholders set on every request this handler owns.
-const (
-	placeholderOutcome = "http.idempotency.outcome"
-	placeholderKeyHash = "http.idempotency.key_hash"
-)
-
-// bodyOmittedHeader marks replays of responses whose body was too large
-// to record.
+// bodyOmittedHeader marks replays of responses whose body was not
+// recorded: too large, or cut short by a failure after the status was
+// sent.
 const bodyOmittedHeader = "Idempotent-Body-Omitted"
 
-// conflictRetryAfter is the Retry-After of a 409, in seconds: most requests
-// finish well within it, and a client polling once a second is cheap.
-const conflictRetryAfter = "1"
+// Retry-After values, in seconds. A 409 clears when the first request
+// finishes, usually well within a second; a store outage is worth probing
+// again soon; a full store or client frees room as records expire, which
+// the memory store's janitor notices once a minute.
+const (
+	conflictRetryAfter  = "1"
+	storeDownRetryAfter = "1"
+	storeFullRetryAfter = "60"
+)
+
+// errStoreClosed: the handler's store was closed before the request could
+// hold it (its config was unloaded as the request arrived).
+var errStoreClosed = errors.New("the idempotency store of this configuration is closed")
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler: the request flow of
 // DESIGN.md, one function per answer the client can get.
@@ -56,8 +46,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if _, owned := repl.Get(placeholderOutcome); owned {
-		// An outer idempotency handler already owns this request.
+	if _, taken := repl.Get(placeholderKeyHash); taken {
+		// An outer idempotency handler owns this request's key.
 		return next.ServeHTTP(w, r)
 	}
 
@@ -67,20 +57,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.reject(w, r, repl, outcomeMissing, problemKeyMissing,
 				fmt.Sprintf("this endpoint requires an %s header with a unique key per operation", h.Header))
 		}
-		h.settle(r, repl, outcomePassed)
-		return next.ServeHTTP(w, r)
+		return h.pass(w, r, next, repl)
 	}
 	id, err := fingerprint.ParseKey(values, h.MaxKeyLength)
 	if err != nil {
-		return h.reject(w, r, repl, outcomeInvalid, problemKeyInvalid, h.keyDetail(err))
+		return h.reject(w, r, repl, outcomeInvalid, problemKeyInvalid, err.Error())
 	}
-	scope := repl.ReplaceAll(h.Scope, "")
-	if strings.TrimSpace(scope) == "" {
+	scope, ok := h.scope.evaluate(repl)
+	if !ok {
 		return h.reject(w, r, repl, outcomeInvalid, problemKeyInvalid,
 			"the request carries no client identity to scope the key to")
 	}
 	key := storage.Key{Scope: hashHex(scope), ID: id}
 	repl.Set(placeholderKeyHash, keyHash(key))
+
+	// Hold the store before reading the body: a reload that replaces the
+	// storage config while a slow client uploads must not close it under
+	// the request.
+	unhold, ok := h.holdStore()
+	if !ok {
+		return h.storeFailed(w, r, next, repl, key, errStoreClosed)
+	}
+	defer unhold()
 
 	body, err := readBody(r, h.MaxBodySize)
 	if errors.Is(err, errBodyTooLarge) {
@@ -94,7 +92,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	var sum [fingerprint.Size]byte
 	fp, canonical := h.fingerprint.SumJSON(sum[:0], r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, body.Bytes())
-	if !canonical && h.fingerprint.CanonicalJSON() && body.Len() > 0 && declaresJSON(r.Header) && !json.Valid(body.Bytes()) {
+	if !canonical && h.fingerprint.CanonicalJSON() && body.Len() > 0 && fingerprint.DeclaresJSON(r.Header) && !json.Valid(body.Bytes()) {
 		// A body that says it is JSON and is not cannot be compared by
 		// meaning, and no JSON upstream can act on it: refuse it here,
 		// before anything is stored.
@@ -102,21 +100,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"the request body is declared as JSON but is not valid JSON")
 	}
 
-	if h.pooled != nil {
-		// A reload may drop this handler's store while the request runs.
-		defer h.pooled.hold()()
-	}
-
 	// Store calls outlive the client: a reservation made for a client that
 	// hung up mid-call must still be answered for.
-	ctx := context.WithoutCancel(r.Context())
-	res, err := h.ops.Reserve(ctx, key, fp, time.Duration(h.LockTimeout))
+	res, err := h.ops.Reserve(context.WithoutCancel(r.Context()), key, fp, time.Duration(h.LockTimeout))
 	if err != nil {
+		h.abandon(key, res.Token, err)
 		return h.storeFailed(w, r, next, repl, key, err)
 	}
-	outcome := outcomeReplayed
+	how := outcomeReplayed
 	if res.Outcome == storage.Conflict && h.InFlight == inFlightWait {
-		outcome = outcomeWaited
+		how = outcomeWaited
 		if res, err = h.await(r.Context(), key, fp, res); err != nil {
 			return h.storeFailed(w, r, next, repl, key, err)
 		}
@@ -133,7 +126,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, repl, outcomeConflict, problemConflict,
 			"the first request with this key is still being processed; retry later")
 	case storage.Replay:
-		return h.replay(w, r, repl, res.Record.Response, outcome)
+		return h.replay(w, r, repl, res.Record.Response, how)
 	}
 	return fmt.Errorf("idempotency store returned unknown outcome %d", res.Outcome)
 }
@@ -145,7 +138,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	h.settle(r, repl, outcomeNew)
 	metrics.inFlight.Inc()
 	defer metrics.inFlight.Dec()
-	l := h.holdLease(key, token)
+	l := holdLease(h.ops, h.logger, key, token, time.Duration(h.LockTimeout))
 	rec := newRecorder(w, h.MaxResponseSize)
 
 	// The request runs to the end even if the client hangs up: an upstream
@@ -155,43 +148,64 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	r = r.WithContext(context.WithoutCancel(r.Context()))
 	r.Header.Set("Accept-Encoding", "identity")
 
+	// A panic is not recovered, so that it keeps its stack trace; the
+	// deferred call settles the record on the way out.
 	finished := false
 	defer func() {
-		if !finished { // a panic: free the key and let the panic go on
+		if !finished {
 			l.stop()
-			h.release(key, token, "handler panicked")
+			h.finish(key, token, rec, "the handler panicked")
 		}
 	}()
 	err := next.ServeHTTP(rec, r)
 	finished = true
 	l.stop()
-
-	status, header, respBody, omitted := rec.response()
-	switch {
-	case rec.hijacked:
-		h.release(key, token, "connection hijacked")
-	case err != nil && rec.status == 0:
-		h.release(key, token, "handler error")
-	case h.releaseOn.has(status):
-		h.release(key, token, fmt.Sprintf("status %d", status))
-	default:
-		// A response was sent with a status that counts as done. If the
-		// handler failed half-way through the body, the effect happened all
-		// the same: keep status and headers, never run it again.
-		resp := &storage.Response{Status: status, Header: header, Body: respBody, BodyOmitted: omitted}
-		if err != nil {
-			resp.Body, resp.BodyOmitted = nil, true
-		}
-		h.complete(key, token, resp)
+	failure := ""
+	if err != nil {
+		failure = "the handler failed: " + err.Error()
 	}
+	h.finish(key, token, rec, failure)
 	return err
 }
 
-// replay answers with a recorded response.
-func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, resp *storage.Response, outcome string) error {
-	h.settle(r, repl, outcome)
+// finish completes or releases the record of a request once the next
+// handler has returned or panicked (failure says which, "" when it
+// returned nil). The rule: once a final status outside release_on was
+// sent, the upstream has acted and must never run again for this key, so
+// the record is completed; when the response is incomplete (an error or
+// a panic after the status, such as reverse_proxy's http.ErrAbortHandler
+// when the upstream broke off mid-body), with its body omitted. Before
+// any final status, a failure frees the key for the retry.
+func (h *Handler) finish(key storage.Key, token storage.Token, rec *recorder, failure string) {
+	status, header, body, omitted := rec.response()
+	switch {
+	case rec.hijacked:
+		h.release(key, token, "the connection was hijacked")
+	case failure != "" && rec.status == 0:
+		h.release(key, token, failure)
+	case h.releaseOn.has(status):
+		h.release(key, token, fmt.Sprintf("status %d", status))
+	default:
+		resp := &storage.Response{Status: status, Header: header, Body: body, BodyOmitted: omitted}
+		if failure != "" {
+			resp.Body, resp.BodyOmitted = nil, true
+			h.logger.Warn("the response broke off after its status was sent; recording status and headers without the body",
+				zap.String("key_hash", keyHash(key)), zap.Int("status", status), zap.String("failure", failure))
+		}
+		h.complete(key, token, resp)
+	}
+}
+
+// replay answers with a recorded response. Headers that handlers outside
+// this one set for the current request (CORS, request ids) stay as they
+// are; the recorded ones fill in the rest.
+func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, resp *storage.Response, how outcome) error {
+	h.settle(r, repl, how)
 	hdr := w.Header()
 	for name, values := range resp.Header {
+		if _, outer := hdr[name]; outer {
+			continue
+		}
 		// Clipped, so that an outer handler appending a value copies the
 		// slice instead of writing into the stored record.
 		hdr[name] = values[:len(values):len(values)]
@@ -217,7 +231,6 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res storage.Reservation) (storage.Reservation, error) {
 	deadline := time.Now().Add(time.Duration(h.WaitTimeout))
 	pause := 10 * time.Millisecond
-	storeCtx := context.WithoutCancel(ctx)
 	for res.Outcome == storage.Conflict {
 		remaining := time.Until(deadline)
 		if remaining <= 0 || ctx.Err() != nil {
@@ -229,7 +242,8 @@ func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res sto
 			pause = min(2*pause, 250*time.Millisecond)
 		}
 		var err error
-		if res, err = h.ops.Reserve(storeCtx, key, fp, time.Duration(h.LockTimeout)); err != nil {
+		if res, err = h.ops.Reserve(context.WithoutCancel(ctx), key, fp, time.Duration(h.LockTimeout)); err != nil {
+			h.abandon(key, res.Token, err)
 			return res, err
 		}
 	}
@@ -238,12 +252,18 @@ func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res sto
 
 // storeFailed answers when the store could not be used.
 func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, key storage.Key, err error) error {
-	if errors.Is(err, storage.ErrFull) {
+	switch {
+	case errors.Is(err, storage.ErrScopeFull):
+		h.logger.Warn("a client holds as many idempotency keys as it may; rejecting a new key", zap.String("key_hash", keyHash(key)))
+		w.Header().Set("Retry-After", storeFullRetryAfter)
+		return h.reject(w, r, repl, outcomeTooManyKeys, problemTooManyKeys,
+			"too many keys in flight or recorded for this client; retry later")
+	case errors.Is(err, storage.ErrFull):
 		h.logger.Error("idempotency store is full; rejecting a new key", zap.String("key_hash", keyHash(key)))
+		w.Header().Set("Retry-After", storeFullRetryAfter)
 		return h.reject(w, r, repl, outcomeStoreError, problemStoreFull,
 			"too many requests are being tracked; retry later")
-	}
-	if h.OnStorageError == failOpen {
+	case h.OnStorageError == failOpen:
 		h.logger.Warn("idempotency store unavailable; passing the request on without idempotency (fail_open)",
 			zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.Error(err))
 		h.settle(r, repl, outcomeStoreError)
@@ -251,86 +271,75 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	h.logger.Error("idempotency store unavailable; rejecting the request (fail_closed)",
 		zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.Error(err))
+	w.Header().Set("Retry-After", storeDownRetryAfter)
 	return h.reject(w, r, repl, outcomeStoreError, problemStoreDown,
 		"the request was not processed; retry later with the same key")
 }
 
 // reject answers with a problem response and records the outcome.
-func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, outcome string, p problem, detail string) error {
-	h.settle(r, repl, outcome)
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, o outcome, p problem, detail string) error {
+	h.settle(r, repl, o)
 	return h.writeProblem(w, p, detail)
 }
 
-// settle records how the handler answers a request it owns: in the
-// {http.idempotency.outcome} placeholder (which also marks the request as
-// owned, for inner idempotency handlers), the requests counter, the access
-// log and a debug log.
-func (h *Handler) settle(r *http.Request, repl *caddy.Replacer, outcome string) {
-	repl.Set(placeholderOutcome, outcome)
-	countOutcome(outcome)
-	kh, _ := repl.GetString(placeholderKeyHash)
-	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
-		extra.Add(zap.String("idempotency_outcome", outcome))
-		if kh != "" {
-			extra.Add(zap.String("idempotency_key_hash", kh))
-		}
-	}
-	if c := h.logger.Check(zapcore.DebugLevel, "idempotency outcome"); c != nil {
-		c.Write(zap.String("outcome", outcome), zap.String("key_hash", kh))
-	}
-}
-
-// complete records resp as the answer for key.
+// complete records resp as the answer for key; if the store fails, it
+// keeps trying in the background.
 func (h *Handler) complete(key storage.Key, token storage.Token, resp *storage.Response) {
 	err := h.ops.Complete(context.Background(), key, token, resp, time.Duration(h.TTL))
 	switch {
+	case err == nil:
 	case errors.Is(err, storage.ErrLeaseLost):
 		h.logger.Warn("idempotency lease was lost before the response could be recorded; a retry may run again",
 			zap.String("key_hash", keyHash(key)))
-	case err != nil:
-		h.logger.Error("recording idempotent response; the key stays in flight until its lease lapses",
+	default:
+		h.logger.Error("recording idempotent response failed; retrying in the background",
 			zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.Error(err))
+		h.aftercare.add(&chore{kind: choreComplete, key: key, token: token, resp: resp, ttl: time.Duration(h.TTL), until: h.aftercareDeadline()})
 	}
 }
 
-// release frees key so that a retry runs again.
+// release frees key so that a retry runs again; if the store fails, it
+// keeps trying in the background.
 func (h *Handler) release(key storage.Key, token storage.Token, why string) {
 	err := h.ops.Release(context.Background(), key, token)
 	switch {
-	case errors.Is(err, storage.ErrLeaseLost):
-		// Someone else holds the key now; nothing of ours to free.
-	case err != nil:
-		h.logger.Error("releasing idempotency key; it stays in flight until its lease lapses",
-			zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.String("reason", why), zap.Error(err))
-	default:
+	case err == nil:
 		if c := h.logger.Check(zapcore.DebugLevel, "idempotency key released"); c != nil {
 			c.Write(zap.String("key_hash", keyHash(key)), zap.String("reason", why))
 		}
+	case errors.Is(err, storage.ErrLeaseLost):
+		// Someone else holds the key now; nothing of ours to free.
+	default:
+		h.logger.Error("releasing idempotency key failed; retrying in the background",
+			zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.String("reason", why), zap.Error(err))
+		h.aftercare.add(&chore{kind: choreRelease, key: key, token: token, until: h.aftercareDeadline()})
 	}
 }
 
-// declaresJSON reports whether the request's Content-Type is JSON
-// (application/json or any +json type).
-func declaresJSON(h http.Header) bool {
-	ct := h.Get("Content-Type")
-	mt, _, _ := strings.Cut(ct, ";")
-	mt = strings.ToLower(strings.TrimSpace(mt))
-	return mt == "application/json" || strings.HasSuffix(mt, "+json")
-}
-
-// keyDetail turns a key parsing error into the detail of a 400.
-func (h *Handler) keyDetail(err error) string {
-	var ke *fingerprint.KeyError
-	if errors.As(err, &ke) {
-		return ke.Error()
+// abandon removes, once the store answers again, the reservation that a
+// failed Reserve may have written after all (its outcome is unknown), so
+// that the retry the client was invited to make is not met by a 409 for
+// a whole lease.
+func (h *Handler) abandon(key storage.Key, token storage.Token, err error) {
+	if token == 0 || errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrScopeFull) {
+		return
 	}
-	return err.Error()
+	h.aftercare.add(&chore{kind: choreAbandon, key: key, token: token, until: time.Now().Add(time.Duration(h.LockTimeout))})
 }
 
-// hashHex returns the hex SHA-256 of s: how scopes reach the store.
-func hashHex(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])
+// aftercareDeadline is how long a write that failed after the upstream ran
+// is retried: past the lease, because the stores keep a lapsed in-flight
+// record that nobody took over and still let its owner complete it.
+func (h *Handler) aftercareDeadline() time.Time {
+	return time.Now().Add(max(time.Duration(h.LockTimeout), time.Minute))
+}
+
+// holdStore keeps the handler's store open until release is called.
+func (h *Handler) holdStore() (release func(), ok bool) {
+	if h.pooled == nil {
+		return func() {}, true
+	}
+	return h.pooled.hold()
 }
 
 // keyHash names a record in logs, placeholders and the admin API without

@@ -273,7 +273,7 @@ func TestPerRouteTTLs(t *testing.T) {
 		required
 	}
 	idempotency {
-		ttl 200ms
+		ttl 1s
 	}
 	reverse_proxy `+up.Listener.Addr().String())
 
@@ -282,12 +282,12 @@ func TestPerRouteTTLs(t *testing.T) {
 	}
 	post(t, base+"/payments/1", "p", "{}")
 	post(t, base+"/orders", "o", "{}")
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(1300 * time.Millisecond)
 	if resp, _ := post(t, base+"/payments/1", "p", "{}"); resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatal("payments record expired early")
 	}
 	if resp, _ := post(t, base+"/orders", "o", "{}"); resp.Header.Get("Idempotent-Replayed") != "" {
-		t.Fatal("orders record outlived its 200ms TTL")
+		t.Fatal("orders record outlived its 1s TTL")
 	}
 	if up.calls.Load() != 3 {
 		t.Fatalf("upstream ran %d times, want 3", up.calls.Load())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -13,49 +12,49 @@ import (
 )
 
 // lease keeps the lease on an in-flight record alive while its request
-// runs, renewing it every third of lock_timeout: two renewals can fail
+// runs, renewing it every third of its length: two renewals can fail
 // before it lapses.
 type lease struct {
-	h     *Handler
-	key   storage.Key
-	token storage.Token
-	every time.Duration
+	store  storage.Store
+	logger *zap.Logger
+	key    storage.Key
+	token  storage.Token
+	length time.Duration
 
 	mu      sync.Mutex
 	timer   *time.Timer
 	stopped bool
-	lost    atomic.Bool
 }
 
-// holdLease starts renewing the lease named by token.
-func (h *Handler) holdLease(key storage.Key, token storage.Token) *lease {
-	l := &lease{h: h, key: key, token: token, every: time.Duration(h.LockTimeout) / 3}
+// holdLease starts renewing the lease named by token on store.
+func holdLease(store storage.Store, logger *zap.Logger, key storage.Key, token storage.Token, length time.Duration) *lease {
+	l := &lease{store: store, logger: logger, key: key, token: token, length: length}
 	l.mu.Lock()
-	l.timer = time.AfterFunc(l.every, l.renew)
+	l.timer = time.AfterFunc(length/3, l.renew)
 	l.mu.Unlock()
 	return l
 }
 
 func (l *lease) renew() {
-	ctx, cancel := context.WithTimeout(context.Background(), l.every)
-	err := l.h.ops.Renew(ctx, l.key, l.token, time.Duration(l.h.LockTimeout))
+	ctx, cancel := context.WithTimeout(context.Background(), l.length/3)
+	err := l.store.Renew(ctx, l.key, l.token, l.length)
 	cancel()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return // finished meanwhile: the request reports what happened
+	}
 	switch {
 	case errors.Is(err, storage.ErrLeaseLost):
 		// Deleted by an admin, or taken over after a lapse: the record is
 		// someone else's now and this request's response will not be kept.
-		l.lost.Store(true)
-		l.h.logger.Warn("idempotency lease lost while the request runs; its response will not be recorded",
+		l.logger.Warn("idempotency lease lost while the request runs; its response will not be recorded",
 			zap.String("key_hash", keyHash(l.key)))
 		return
 	case err != nil:
-		l.h.logger.Warn("renewing idempotency lease", zap.String("key_hash", keyHash(l.key)), zap.Error(err))
+		l.logger.Warn("renewing idempotency lease", zap.String("key_hash", keyHash(l.key)), zap.Error(err))
 	}
-	l.mu.Lock()
-	if !l.stopped {
-		l.timer.Reset(l.every)
-	}
-	l.mu.Unlock()
+	l.timer.Reset(l.length / 3)
 }
 
 // stop ends renewal; a renewal already running finishes on its own and

@@ -11,13 +11,6 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
-// outcomes lists every value of the outcome label, so that each counter
-// exists (at zero) from the start and costs one atomic add per request.
-var outcomes = []string{
-	outcomeNew, outcomeReplayed, outcomeWaited, outcomeConflict, outcomeMismatch,
-	outcomeMissing, outcomeInvalid, outcomeTooLarge, outcomeStoreError, outcomePassed,
-}
-
 // storeOps lists every value of the op label.
 var storeOps = []string{"reserve", "complete", "release", "renew", "get", "delete"}
 
@@ -28,7 +21,7 @@ var storeOps = []string{"reserve", "complete", "release", "renew", "get", "delet
 var metrics struct {
 	once          sync.Once
 	requests      *prometheus.CounterVec
-	byOutcome     map[string]prometheus.Counter
+	byOutcome     map[outcome]prometheus.Counter
 	storeDuration *prometheus.HistogramVec
 	inFlight      prometheus.Gauge
 }
@@ -40,9 +33,9 @@ func initMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "requests_total",
 			Help: "Requests seen by the idempotency handler, by outcome.",
 		}, []string{"outcome"})
-		metrics.byOutcome = make(map[string]prometheus.Counter, len(outcomes))
+		metrics.byOutcome = make(map[outcome]prometheus.Counter, len(outcomes))
 		for _, o := range outcomes {
-			metrics.byOutcome[o] = metrics.requests.WithLabelValues(o)
+			metrics.byOutcome[o] = metrics.requests.WithLabelValues(string(o))
 		}
 		metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
@@ -73,8 +66,8 @@ func registerMetrics(reg *prometheus.Registry) error {
 }
 
 // countOutcome counts one request.
-func countOutcome(outcome string) {
-	if c := metrics.byOutcome[outcome]; c != nil {
+func countOutcome(o outcome) {
+	if c := metrics.byOutcome[o]; c != nil {
 		c.Inc()
 	}
 }

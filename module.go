@@ -39,6 +39,12 @@ const (
 	defaultWaitTimeout     = 10 * time.Second
 	defaultReplayHeader    = "Idempotent-Replayed"
 
+	// Floors: a lease renewed every third of a nanosecond, or a record
+	// kept for less than a second, is a misreading of the unit (JSON
+	// durations without one are nanoseconds), never an intent.
+	minTTL         = caddy.Duration(time.Second)
+	minLockTimeout = caddy.Duration(time.Second)
+
 	inFlightReject  = "reject"
 	inFlightWait    = "wait"
 	failClosed      = "fail_closed"
@@ -143,9 +149,11 @@ type Handler struct {
 	ops          storage.Store  // store, timed for the latency metric: what requests use
 	pooled       *pooledStore   // store's pool entry, held while a request runs; nil if not pooled
 	waiter       storage.Waiter // nil when the store cannot notify
+	aftercare    *aftercare     // finishes store writes that failed
 	backend      string
 	methods      []string
 	headerKey    string
+	scope        *scopeTemplate
 	replayHeader string
 	releaseOn    statusSet
 	fingerprint  *fingerprint.Fingerprinter
@@ -183,13 +191,40 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision fills in defaults and loads the store.
+// Provision fills in defaults, checks the configuration and loads the
+// store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
+	h.setDefaults()
+	// Check the settings before acquiring a store: a config that fails
+	// here holds nothing that Cleanup must give back.
+	if err := h.check(); err != nil {
+		return err
+	}
 
+	h.methods = make([]string, len(h.Methods))
+	for i, m := range h.Methods {
+		h.methods[i] = strings.ToUpper(m)
+	}
+	h.headerKey = textproto.CanonicalMIMEHeaderKey(h.Header)
+	h.scope, _ = newScopeTemplate(h.Scope) // checked
+	canonical := h.Fingerprint.CanonicalJSON == nil || *h.Fingerprint.CanonicalJSON
+	h.fingerprint = fingerprint.New(h.Fingerprint.Headers, canonical)
+	h.releaseOn, _ = parseStatusSet(h.ReleaseOn) // checked
+	switch h.ReplayHeader {
+	case replayHeaderOff:
+		h.replayHeader = ""
+	default:
+		h.replayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
+	}
+	return h.loadStorage(ctx)
+}
+
+// setDefaults fills in every option left unset.
+func (h *Handler) setDefaults() {
 	if h.TTL == 0 {
 		h.TTL = caddy.Duration(defaultTTL)
 	}
@@ -199,14 +234,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if len(h.Methods) == 0 {
 		h.Methods = defaultMethods
 	}
-	h.methods = make([]string, len(h.Methods))
-	for i, m := range h.Methods {
-		h.methods[i] = strings.ToUpper(m)
-	}
 	if h.Header == "" {
 		h.Header = defaultHeader
 	}
-	h.headerKey = textproto.CanonicalMIMEHeaderKey(h.Header)
 	if h.Scope == "" {
 		h.Scope = defaultScope
 	}
@@ -225,16 +255,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if len(h.Fingerprint.Headers) == 0 {
 		h.Fingerprint.Headers = defaultFingerprintHeaders
 	}
-	canonical := h.Fingerprint.CanonicalJSON == nil || *h.Fingerprint.CanonicalJSON
-	h.fingerprint = fingerprint.New(h.Fingerprint.Headers, canonical)
 	if len(h.ReleaseOn) == 0 {
 		h.ReleaseOn = defaultReleaseOn
 	}
-	releaseOn, err := parseStatusSet(h.ReleaseOn)
-	if err != nil {
-		return fmt.Errorf("release_on: %w", err)
-	}
-	h.releaseOn = releaseOn
 	if h.InFlight == "" {
 		h.InFlight = inFlightReject
 	}
@@ -244,21 +267,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.OnStorageError == "" {
 		h.OnStorageError = failClosed
 	}
-	switch h.ReplayHeader {
-	case "":
-		h.replayHeader = defaultReplayHeader
-	case replayHeaderOff:
-		h.replayHeader = ""
-	default:
-		h.replayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
+	if h.ReplayHeader == "" {
+		h.ReplayHeader = defaultReplayHeader
 	}
-
-	// Check the plain settings before acquiring a store: a config that
-	// fails here holds nothing that Cleanup must give back.
-	if err := h.validateSettings(); err != nil {
-		return err
-	}
-	return h.loadStorage(ctx)
 }
 
 func (h *Handler) loadStorage(ctx caddy.Context) error {
@@ -281,6 +292,7 @@ func (h *Handler) loadStorage(ctx caddy.Context) error {
 	h.pooled = pooledFor(h.store)
 	h.waiter, _ = h.store.(storage.Waiter)
 	h.ops = newTimedStore(h.store, h.backend)
+	h.aftercare = &aftercare{store: h.ops, hold: h.holdStore, logger: h.logger}
 	return nil
 }
 
@@ -291,15 +303,19 @@ func (h *Handler) Validate() error {
 	if h.store == nil {
 		return errors.New("no storage loaded")
 	}
-	return h.validateSettings()
+	return h.check()
 }
 
-func (h *Handler) validateSettings() error {
+// check reports configuration errors. It is pure (no I/O, no
+// placeholders) and takes zero values as "the default", so that the
+// Caddyfile parser runs it after each option (reporting the line that made
+// the config invalid) and Provision runs it on the defaulted config.
+func (h *Handler) check() error {
 	switch {
-	case h.TTL < 0:
-		return fmt.Errorf("ttl must be positive, got %s", time.Duration(h.TTL))
-	case h.LockTimeout < 0:
-		return fmt.Errorf("lock_timeout must be positive, got %s", time.Duration(h.LockTimeout))
+	case h.TTL != 0 && h.TTL < minTTL:
+		return fmt.Errorf("ttl must be at least %s, got %s", time.Duration(minTTL), time.Duration(h.TTL))
+	case h.LockTimeout != 0 && h.LockTimeout < minLockTimeout:
+		return fmt.Errorf("lock_timeout must be at least %s, got %s", time.Duration(minLockTimeout), time.Duration(h.LockTimeout))
 	case h.WaitTimeout < 0:
 		return fmt.Errorf("wait_timeout must be positive, got %s", time.Duration(h.WaitTimeout))
 	case h.MaxKeyLength < 0:
@@ -308,30 +324,36 @@ func (h *Handler) validateSettings() error {
 		return fmt.Errorf("max_body_size must be positive, got %d", h.MaxBodySize)
 	case h.MaxResponseSize < 0:
 		return fmt.Errorf("max_response_size must be positive, got %d", h.MaxResponseSize)
+	case h.Scope != "" && strings.TrimSpace(h.Scope) == "":
+		return errors.New("scope must not be blank; to share keys between all clients, use a constant such as 'global'")
+	case strings.Contains(h.Scope, placeholderMark):
+		return errors.New("scope must not contain a NUL character")
 	}
 	for _, m := range h.Methods {
 		if !isToken(m) {
 			return fmt.Errorf("methods: %q is not a valid method name", m)
 		}
 	}
-	if !isToken(h.Header) {
+	if h.Header != "" && !isToken(h.Header) {
 		return fmt.Errorf("header: %q is not a valid header name", h.Header)
 	}
-	for _, name := range h.Fingerprint.Headers {
-		if !isToken(name) {
-			return fmt.Errorf("fingerprint headers: %q is not a valid header name", name)
+	if h.Fingerprint != nil {
+		for _, name := range h.Fingerprint.Headers {
+			if !isToken(name) {
+				return fmt.Errorf("fingerprint headers: %q is not a valid header name", name)
+			}
 		}
 	}
 	if h.ReplayHeader != "" && h.ReplayHeader != replayHeaderOff && !isToken(h.ReplayHeader) {
 		return fmt.Errorf("replay_header: %q is not a valid header name", h.ReplayHeader)
 	}
 	switch h.InFlight {
-	case inFlightReject, inFlightWait:
+	case "", inFlightReject, inFlightWait:
 	default:
 		return fmt.Errorf("in_flight must be %q or %q, got %q", inFlightReject, inFlightWait, h.InFlight)
 	}
 	switch h.OnStorageError {
-	case failClosed, failOpen:
+	case "", failClosed, failOpen:
 	default:
 		return fmt.Errorf("on_storage_error must be %q or %q, got %q", failClosed, failOpen, h.OnStorageError)
 	}

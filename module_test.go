@@ -184,8 +184,10 @@ func TestProvisionInvalidConfig(t *testing.T) {
 		config string
 		want   []string
 	}{
-		{"negative ttl", `{"ttl":"-1s"}`, []string{"ttl", "positive", "-1s"}},
-		{"negative lock_timeout", `{"lock_timeout":"-30s"}`, []string{"lock_timeout", "positive", "-30s"}},
+		{"negative ttl", `{"ttl":"-1s"}`, []string{"ttl", "at least 1s", "-1s"}},
+		{"negative lock_timeout", `{"lock_timeout":"-30s"}`, []string{"lock_timeout", "at least 1s", "-30s"}},
+		{"ttl below the floor", `{"ttl":"999ms"}`, []string{"ttl", "at least 1s", "999ms"}},
+		{"lock_timeout in nanoseconds", `{"lock_timeout":30}`, []string{"lock_timeout", "at least 1s", "30ns"}},
 		{"negative wait_timeout", `{"in_flight":"wait","wait_timeout":"-2s"}`, []string{"wait_timeout", "positive", "-2s"}},
 		{"negative max_key_length", `{"max_key_length":-1}`, []string{"max_key_length", "positive", "-1"}},
 		{"negative max_body_size", `{"max_body_size":-1}`, []string{"max_body_size", "positive", "-1"}},

@@ -43,7 +43,7 @@ func scrape(t *testing.T, url string) map[string]float64 {
 	return out
 }
 
-func outcomeSeries(o string) string {
+func outcomeSeries(o outcome) string {
 	return fmt.Sprintf(`caddy_http_idempotency_requests_total{outcome=%q}`, o)
 }
 
@@ -72,7 +72,7 @@ func TestMetricsCountEachOutcomeExactly(t *testing.T) {
 	post(t, base+"/orders", "m3", `{"b":`)                // invalid (not JSON)
 
 	after := scrape(t, metricsURL)
-	want := map[string]float64{
+	want := map[outcome]float64{
 		outcomeNew: 1, outcomeReplayed: 2, outcomeMismatch: 1, outcomePassed: 1,
 		outcomeMissing: 1, outcomeInvalid: 2, outcomeTooLarge: 1,
 		outcomeConflict: 0, outcomeStoreError: 0, outcomeWaited: 0,
@@ -194,13 +194,16 @@ func TestPlaceholdersReachOtherDirectives(t *testing.T) {
 	header >X-Key-Hash {http.idempotency.key_hash}
 	idempotency
 	reverse_proxy `+up.Listener.Addr().String())
-	for _, c := range []struct{ body, want string }{
+	for _, c := range []struct {
+		body string
+		want outcome
+	}{
 		{`{}`, outcomeNew},
 		{`{}`, outcomeReplayed},
 		{`{"other":1}`, outcomeMismatch},
 	} {
 		resp, _ := post(t, base+"/orders", "p1", c.body)
-		if got := resp.Header.Get("X-Outcome"); got != c.want {
+		if got := resp.Header.Get("X-Outcome"); got != string(c.want) {
 			t.Errorf("X-Outcome = %q, want %q", got, c.want)
 		}
 		if kh := resp.Header.Get("X-Key-Hash"); len(kh) != 16 {
@@ -229,12 +232,12 @@ func TestAccessLogCarriesOutcomeAndKeyHash(t *testing.T) {
 	if len(lines) < 2 {
 		t.Fatalf("access log has %d lines", len(lines))
 	}
-	for i, want := range []string{outcomeNew, outcomeReplayed} {
+	for i, want := range []outcome{outcomeNew, outcomeReplayed} {
 		var entry map[string]any
 		if err := json.Unmarshal([]byte(lines[i]), &entry); err != nil {
 			t.Fatalf("access log line %q: %v", lines[i], err)
 		}
-		if entry["idempotency_outcome"] != want {
+		if entry["idempotency_outcome"] != string(want) {
 			t.Errorf("line %d: idempotency_outcome = %v, want %s", i, entry["idempotency_outcome"], want)
 		}
 		if kh, _ := entry["idempotency_key_hash"].(string); len(kh) != 16 {

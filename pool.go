@@ -29,8 +29,9 @@ type pooledStore struct {
 	backend string
 
 	mu         sync.Mutex
-	running    int  // requests between hold and their release
+	running    int  // holds not yet released
 	destructed bool // no handler uses the store any more
+	closed     bool
 }
 
 // live maps each pooled store to its pool entry, so that a handler can
@@ -42,9 +43,10 @@ func (p *pooledStore) Destruct() error {
 	p.mu.Lock()
 	p.destructed = true
 	idle := p.running == 0
+	p.closed = p.closed || idle
 	p.mu.Unlock()
 	if !idle {
-		return nil // the last running request closes it
+		return nil // the last hold closes it
 	}
 	return p.close()
 }
@@ -54,22 +56,29 @@ func (p *pooledStore) close() error {
 	return p.Close()
 }
 
-// hold keeps the store open until the returned release is called.
-func (p *pooledStore) hold() (release func()) {
+// hold keeps the store open until release is called. It fails only when
+// the store is closed already: the handler's config was unloaded before
+// this request reached it.
+func (p *pooledStore) hold() (release func(), ok bool) {
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, false
+	}
 	p.running++
 	p.mu.Unlock()
 	return func() {
 		p.mu.Lock()
 		p.running--
 		last := p.running == 0 && p.destructed
+		p.closed = p.closed || last
 		p.mu.Unlock()
 		if last {
 			if err := p.close(); err != nil {
 				caddy.Log().Named("http.handlers.idempotency").Error("closing idempotency store", zap.String("backend", p.backend), zap.Error(err))
 			}
 		}
-	}
+	}, true
 }
 
 // pooledFor returns the pool entry of store, or nil for a store that is

@@ -25,7 +25,10 @@ func TestPooledStoreClosesAfterItsLastRunningRequest(t *testing.T) {
 	if p == nil {
 		t.Fatal("a pooled store is not registered")
 	}
-	release := p.hold()
+	release, ok := p.hold()
+	if !ok {
+		t.Fatal("hold failed on an open store")
+	}
 	if err := releaseStore("test:deferred-close"); err != nil { // the last handler goes
 		t.Fatal(err)
 	}
@@ -38,6 +41,9 @@ func TestPooledStoreClosesAfterItsLastRunningRequest(t *testing.T) {
 	}
 	if pooledFor(s) != nil {
 		t.Fatal("a closed store is still registered")
+	}
+	if _, ok := p.hold(); ok {
+		t.Fatal("hold succeeded on a closed store")
 	}
 }
 

@@ -117,7 +117,7 @@ func TestPostgresReplayIsIdentical(t *testing.T) {
 func TestPostgresExpiryAndCleanup(t *testing.T) {
 	dsn := pgtest.Require(t)
 	table := pgtest.Table(t, dsn)
-	h := onPostgres(t, &Handler{TTL: cfDur(300 * time.Millisecond)}, dsn, table, `"cleanup_interval":"100ms"`)
+	h := onPostgres(t, &Handler{TTL: cfDur(time.Second)}, dsn, table, `"cleanup_interval":"100ms"`)
 	up := &upstream{}
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated {
 		t.Fatalf("first: %d", w.Code)
@@ -129,7 +129,7 @@ func TestPostgresExpiryAndCleanup(t *testing.T) {
 		t.Fatalf("%d rows, want 1", n)
 	}
 	// The periodic cleanup removes the expired row.
-	if !eventually(t, 3*time.Second, func() bool { return pgRows(t, dsn, table) == 0 }) {
+	if !eventually(t, 5*time.Second, func() bool { return pgRows(t, dsn, table) == 0 }) {
 		t.Fatal("the expired row was not cleaned up")
 	}
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {

@@ -21,6 +21,7 @@ var (
 	problemMismatch    = problem{http.StatusUnprocessableEntity, "key-reused", "Idempotency-Key is already used"}
 	problemBodyNotJSON = problem{http.StatusBadRequest, "body-invalid-json", "Request body is not valid JSON"}
 	problemTooLarge    = problem{http.StatusRequestEntityTooLarge, "body-too-large", "Request body is too large for an idempotent request"}
+	problemTooManyKeys = problem{http.StatusTooManyRequests, "too-many-keys", "Too many Idempotency-Keys for this client"}
 	problemStoreDown   = problem{http.StatusServiceUnavailable, "store-unavailable", "Idempotency store is unavailable"}
 	problemStoreFull   = problem{http.StatusServiceUnavailable, "store-full", "Idempotency store is full"}
 )

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 
@@ -13,20 +14,21 @@ import (
 )
 
 // recorder streams a response to the client while keeping a copy of it
-// for the store: the status and headers of the final response and the
-// body up to a limit.
+// for the store: the status and the headers that the inner handlers set
+// for the final response, and the body up to a limit.
 //
 // Once the next handler has produced a response, that response is what
-// every retry will get, so the recorder keeps reading it even when the
-// client has gone away: write errors are remembered, not returned, as long
-// as the body is still being kept. Flushing, deadlines and full duplex
-// reach the client's writer through Unwrap.
+// every retry will get, so the recorder never stops it: writes to a client
+// that has gone away are dropped, not reported, and a body too large to
+// keep is still read to its end. Flushing, deadlines and full duplex reach
+// the client's writer through Unwrap.
 type recorder struct {
 	caddyhttp.ResponseWriterWrapper
 
 	limit     int64
+	outer     http.Header // the headers as outer handlers left them, before the next handler ran
 	status    int         // final status; 0 until written
-	header    http.Header // the stored headers, cloned at the final WriteHeader
+	header    http.Header // the stored headers, taken at the final WriteHeader
 	body      []byte
 	omitted   bool  // the body outgrew limit and is not kept
 	clientErr error // the first error writing to the client
@@ -34,12 +36,16 @@ type recorder struct {
 }
 
 func newRecorder(w http.ResponseWriter, limit int64) *recorder {
-	return &recorder{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, limit: limit}
+	return &recorder{
+		ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+		limit:                 limit,
+		outer:                 w.Header().Clone(),
+	}
 }
 
-// WriteHeader records the final status and a copy of the headers as they
-// are at that moment, before outer handlers (encode) rewrite them for this
-// client. Informational responses pass through unrecorded.
+// WriteHeader records the final status and the headers the inner handlers
+// set, as they are at that moment, before outer handlers (encode) rewrite
+// them for this client. Informational responses pass through unrecorded.
 func (rec *recorder) WriteHeader(status int) {
 	if rec.status != 0 {
 		return
@@ -49,10 +55,13 @@ func (rec *recorder) WriteHeader(status int) {
 		return
 	}
 	rec.status = status
-	rec.header = storedHeader(rec.Header())
+	rec.header = storedHeader(rec.Header(), rec.outer)
 	rec.ResponseWriterWrapper.WriteHeader(status)
 }
 
+// Write keeps p and sends it to the client, if it is still there. It
+// never fails: stopping the handler half-way would leave a response that
+// happened but was never recorded.
 func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
@@ -63,22 +72,15 @@ func (rec *recorder) Write(p []byte) (int, error) {
 			rec.clientErr = err
 		}
 	}
-	if rec.clientErr != nil && rec.omitted {
-		// Nothing is kept and nobody is listening: stop the handler.
-		return 0, rec.clientErr
-	}
 	return len(p), nil
 }
 
-// ReadFrom keeps what it copies, so it cannot hand the reader to the
-// client's writer (io.Copy through reverse_proxy or file_server would
-// otherwise bypass Write). Once the body is no longer kept it can.
+// ReadFrom copies through Write, so that what io.Copy sends (reverse_proxy
+// and file_server use it) is kept too, and so that an error means the
+// reader failed, never the client.
 func (rec *recorder) ReadFrom(r io.Reader) (int64, error) {
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
-	}
-	if rec.omitted && rec.clientErr == nil {
-		return rec.ResponseWriterWrapper.ReadFrom(r)
 	}
 	bufp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bufp)
@@ -99,24 +101,18 @@ func (rec *recorder) keep(p []byte) {
 }
 
 // FlushError flushes to the client. Flushing writes the status line, so
-// the status is recorded first; a client that is gone is not an error
-// while the body is still being kept.
+// the status is recorded first. A client that is gone is not an error.
 func (rec *recorder) FlushError() error {
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
 	if rec.clientErr != nil {
-		if rec.omitted {
-			return rec.clientErr
-		}
 		return nil
 	}
 	err := http.NewResponseController(rec.ResponseWriterWrapper.ResponseWriter).Flush()
 	if err != nil && !errors.Is(err, http.ErrNotSupported) {
 		rec.clientErr = err
-		if !rec.omitted {
-			return nil
-		}
+		return nil
 	}
 	return err
 }
@@ -136,7 +132,7 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // wrote nothing, as net/http will send) and the kept headers and body.
 func (rec *recorder) response() (status int, header http.Header, body []byte, omitted bool) {
 	if rec.status == 0 {
-		return http.StatusOK, storedHeader(rec.Header()), nil, false
+		return http.StatusOK, storedHeader(rec.Header(), rec.outer), nil, false
 	}
 	return rec.status, rec.header, rec.body, rec.omitted
 }
@@ -157,22 +153,31 @@ var hopHeaders = []string{
 	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date",
 }
 
-// storedHeader returns a copy of h without hop-by-hop headers, Date, and
-// the headers named in Connection.
-func storedHeader(h http.Header) http.Header {
-	out := h.Clone()
-	if out == nil {
-		return nil
+// storedHeader returns the headers of h that the inner handlers set: those
+// not in outer, or with other values there; of a header they added values
+// to (reverse_proxy adds the upstream's), only the added values. Hop-by-hop
+// headers, Date, and the headers named in Connection are left out.
+func storedHeader(h, outer http.Header) http.Header {
+	var out http.Header
+	for name, values := range h {
+		prior := outer[name]
+		if slices.Equal(values, prior) || slices.Contains(hopHeaders, name) {
+			continue
+		}
+		if len(prior) > 0 && len(values) > len(prior) && slices.Equal(values[:len(prior)], prior) {
+			values = values[len(prior):]
+		}
+		if out == nil {
+			out = make(http.Header, len(h))
+		}
+		out[name] = slices.Clone(values)
 	}
-	for _, v := range out["Connection"] {
+	for _, v := range h["Connection"] {
 		for name := range strings.SplitSeq(v, ",") {
 			if name = strings.TrimSpace(name); name != "" {
 				out.Del(name)
 			}
 		}
-	}
-	for _, name := range hopHeaders {
-		delete(out, name)
 	}
 	return out
 }

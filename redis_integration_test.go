@@ -67,13 +67,13 @@ func TestRedisReplayIsIdentical(t *testing.T) {
 }
 
 func TestRedisCompletedKeyExpires(t *testing.T) {
-	h := onRedis(t, &Handler{TTL: caddy.Duration(300 * time.Millisecond)}, sharedRedis(t), redisPrefix(), "")
+	h := onRedis(t, &Handler{TTL: caddy.Duration(time.Second)}, sharedRedis(t), redisPrefix(), "")
 	up := &upstream{}
 	serve(h, up, request("k", "{}"))
 	if w := serve(h, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatal("no replay within the TTL")
 	}
-	time.Sleep(600 * time.Millisecond)
+	time.Sleep(1300 * time.Millisecond)
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
 		t.Fatalf("after the TTL: %d replayed=%q, want a fresh run", w.Code, w.Header().Get("Idempotent-Replayed"))
 	}

@@ -28,6 +28,15 @@ type MemoryStorage struct {
 	// key get 503 (live records are never evicted). Default: 1000000.
 	MaxKeys int `json:"max_keys,omitempty"`
 
+	// The most records one client (one scope) holds at once, so that no
+	// client can fill the store for the others. A client at the limit
+	// gets 429 for new keys until some of its records expire (they stop
+	// counting when the store's janitor frees them, once a minute); other
+	// clients are unaffected. Raise it for clients that legitimately send
+	// more keyed requests per ttl, such as a server-to-server integration
+	// under one credential. Default: 10000.
+	MaxKeysPerScope int `json:"max_keys_per_scope,omitempty"`
+
 	store   storage.Store
 	poolKey string
 }
@@ -45,12 +54,21 @@ func (m *MemoryStorage) Provision(caddy.Context) error {
 	if m.MaxKeys == 0 {
 		m.MaxKeys = defaultMaxKeys
 	}
+	if m.MaxKeysPerScope == 0 {
+		m.MaxKeysPerScope = memory.DefaultMaxKeysPerScope
+	}
 	if m.MaxKeys < 0 {
 		return fmt.Errorf("max_keys must be positive, got %d", m.MaxKeys)
 	}
+	if m.MaxKeysPerScope < 0 {
+		return fmt.Errorf("max_keys_per_scope must be positive, got %d", m.MaxKeysPerScope)
+	}
 	key := "memory:" + strconv.Itoa(m.MaxKeys)
+	if m.MaxKeysPerScope != memory.DefaultMaxKeysPerScope {
+		key += ":" + strconv.Itoa(m.MaxKeysPerScope)
+	}
 	store, err := acquireStore("memory", key, func() (storage.Store, error) {
-		return memory.New(memory.Options{MaxKeys: m.MaxKeys}), nil
+		return memory.New(memory.Options{MaxKeys: m.MaxKeys, MaxKeysPerScope: m.MaxKeysPerScope}), nil
 	})
 	if err != nil {
 		return err
@@ -76,6 +94,7 @@ func (m *MemoryStorage) Cleanup() error {
 //
 //	storage memory {
 //	    max_keys <n>
+//	    max_keys_per_scope <n>
 //	}
 func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the backend name
@@ -83,11 +102,15 @@ func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	return eachOption(d, "", nil, func(opt string) error {
-		if opt != "max_keys" {
+		var err error
+		switch opt {
+		case "max_keys":
+			m.MaxKeys, err = intArg(d)
+		case "max_keys_per_scope":
+			m.MaxKeysPerScope, err = intArg(d)
+		default:
 			return d.Errf("unrecognized memory storage option '%s'", opt)
 		}
-		n, err := intArg(d)
-		m.MaxKeys = n
 		return err
 	})
 }

@@ -22,10 +22,8 @@ func init() {
 	caddy.RegisterModule(PostgresStorage{})
 }
 
-// defaultConnectTimeout bounds connecting when the DSN sets no
-// connect_timeout: pgx would otherwise wait two minutes for a server that
-// drops packets, and requests wait with it before on_storage_error applies.
-const defaultConnectTimeout = 5 * time.Second
+// defaultPostgresTimeout bounds each statement on the request path.
+const defaultPostgresTimeout = 2 * time.Second
 
 // PostgresStorage keeps idempotency records in a PostgreSQL table, shared
 // by every Caddy instance using the same database. A new key costs two
@@ -43,6 +41,8 @@ type PostgresStorage struct {
 	// {env.PG_DSN} or {env.PG_PASSWORD} are resolved at provision time and
 	// never written back, so secrets stay out of the config Caddy serves.
 	// When it sets no connect_timeout, connecting gives up after 5s.
+	// Pool connections use TCP keepalive, so that a peer that vanished
+	// is noticed within about 30s.
 	// Required.
 	DSN string `json:"dsn,omitempty"`
 
@@ -67,6 +67,14 @@ type PostgresStorage struct {
 	// CPUs (or the DSN's pool_max_conns).
 	MaxConns int `json:"max_conns,omitempty"`
 
+	// How long one statement on the request path may take, waiting for a
+	// pooled connection included, before the request gets the
+	// on_storage_error treatment: a table locked by a migration or a
+	// network partition then costs requests this long at most. A
+	// statement that runs out of time is cancelled on the server too.
+	// Default: 2s.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
 	// Keep completed records in this process too, so that replays skip
 	// the database. Off by default.
 	ReplayCache *ReplayCache `json:"replay_cache,omitempty"`
@@ -83,6 +91,7 @@ type postgresConfig struct {
 	CreateTable     bool           `json:"create_table"`
 	CleanupInterval time.Duration  `json:"cleanup_interval"`
 	MaxConns        int            `json:"max_conns"`
+	Timeout         time.Duration  `json:"timeout"`
 	Cache           *cache.Options `json:"cache,omitempty"`
 }
 
@@ -108,6 +117,9 @@ func (p *PostgresStorage) Provision(caddy.Context) error {
 	if p.CleanupInterval == 0 {
 		p.CleanupInterval = caddy.Duration(postgres.DefaultCleanupInterval)
 	}
+	if p.Timeout == 0 {
+		p.Timeout = caddy.Duration(defaultPostgresTimeout)
+	}
 	if err := p.validate(); err != nil {
 		return err
 	}
@@ -117,25 +129,18 @@ func (p *PostgresStorage) Provision(caddy.Context) error {
 	if strings.TrimSpace(dsn) == "" {
 		return errors.New("postgres storage: dsn is empty once placeholders are resolved")
 	}
-	cfg, err := pgxpool.ParseConfig(dsn)
+	cfg, err := postgres.NewPoolConfig(dsn, p.MaxConns)
 	if err != nil {
-		// pgx's message quotes the connection string, best-effort
-		// redacted; a DSN that fails to parse may not redact well.
-		return errors.New("postgres storage: dsn is not a valid connection string (details withheld: they may contain the password)")
-	}
-	if p.MaxConns > 0 {
-		cfg.MaxConns = int32(p.MaxConns)
-	}
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
+		return fmt.Errorf("postgres storage: %w", err)
 	}
 	opts := postgres.Options{
 		Table:           p.Table,
 		CreateTable:     *p.CreateTable,
 		CleanupInterval: time.Duration(p.CleanupInterval),
+		Timeout:         time.Duration(p.Timeout),
 		OnCleanup:       logCleanup(p.Table),
 	}
-	key, err := storeKey("postgres", postgresConfig{dsn, p.Table, *p.CreateTable, time.Duration(p.CleanupInterval), p.MaxConns, p.ReplayCache.config()})
+	key, err := storeKey("postgres", postgresConfig{dsn, p.Table, *p.CreateTable, time.Duration(p.CleanupInterval), p.MaxConns, time.Duration(p.Timeout), p.ReplayCache.config()})
 	if err != nil {
 		return err
 	}
@@ -168,6 +173,8 @@ func (p *PostgresStorage) validate() error {
 		return fmt.Errorf("postgres storage: cleanup_interval must be positive, got %s", time.Duration(p.CleanupInterval))
 	case p.MaxConns < 0 || p.MaxConns > math.MaxInt32:
 		return fmt.Errorf("postgres storage: max_conns must be a positive number, got %d", p.MaxConns)
+	case p.Timeout < 0:
+		return fmt.Errorf("postgres storage: timeout must be positive, got %s", time.Duration(p.Timeout))
 	case p.ReplayCache.validate() != nil:
 		return fmt.Errorf("postgres storage: %w", p.ReplayCache.validate())
 	}
@@ -216,6 +223,8 @@ func (p *PostgresStorage) Cleanup() error {
 //	    create_table true|false
 //	    cleanup_interval <duration>
 //	    max_conns <n>
+//	    timeout <duration>
+//	    replay_cache <max_entries> [<ttl>]
 //	}
 func (p *PostgresStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the backend name
@@ -243,6 +252,8 @@ func (p *PostgresStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = durationArg(d, &p.CleanupInterval)
 		case "max_conns":
 			p.MaxConns, err = intArg(d)
+		case "timeout":
+			err = durationArg(d, &p.Timeout)
 		case "replay_cache":
 			p.ReplayCache, err = parseReplayCache(d)
 		default:

@@ -153,8 +153,8 @@ func TestPostgresProvisionDefaults(t *testing.T) {
 		t.Fatalf("defaults: %+v", p)
 	}
 	pool := p.Store().(*postgres.Store).Pool()
-	if cfg := pool.Config(); cfg.ConnConfig.ConnectTimeout != defaultConnectTimeout {
-		t.Errorf("connect timeout %v, want %v when the DSN sets none", cfg.ConnConfig.ConnectTimeout, defaultConnectTimeout)
+	if cfg := pool.Config(); cfg.ConnConfig.ConnectTimeout != postgres.DefaultConnectTimeout {
+		t.Errorf("connect timeout %v, want %v when the DSN sets none", cfg.ConnConfig.ConnectTimeout, postgres.DefaultConnectTimeout)
 	}
 }
 
@@ -233,7 +233,7 @@ func TestPostgresPasswordWithBraces(t *testing.T) {
 func TestPostgresPoolSharedPerConfiguration(t *testing.T) {
 	const dsn = `"dsn":"postgres://postgres@127.0.0.1:1/test"`
 	a := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"postgres",` + dsn + `,"table":"shared_a"}`)})
-	b := provision(t, &Handler{TTL: cfDur(1), StorageRaw: json.RawMessage(`{"backend":"postgres",` + dsn + `,"table":"shared_a"}`)})
+	b := provision(t, &Handler{TTL: cfDur(3600_000_000_000), StorageRaw: json.RawMessage(`{"backend":"postgres",` + dsn + `,"table":"shared_a"}`)})
 	c := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"postgres",` + dsn + `,"table":"shared_a","max_conns":3}`)})
 	d := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"postgres",` + dsn + `,"table":"shared_b"}`)})
 	if a.store != b.store {

@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -29,6 +28,13 @@ func (f *flakyStore) Reserve(ctx context.Context, key storage.Key, fp []byte, le
 	return f.Store.Reserve(ctx, key, fp, lease)
 }
 
+func (f *flakyStore) Release(ctx context.Context, key storage.Key, token storage.Token) error {
+	if f.down.Load() {
+		return errUnreachable
+	}
+	return f.Store.Release(ctx, key, token)
+}
+
 func (f *flakyStore) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
 	if f.down.Load() {
 		return errUnreachable
@@ -38,7 +44,7 @@ func (f *flakyStore) Complete(ctx context.Context, key storage.Key, token storag
 
 func withFlakyStore(h *Handler) *flakyStore {
 	f := &flakyStore{Store: h.store}
-	h.store, h.ops, h.waiter = f, f, nil
+	h.store, h.ops, h.waiter, h.aftercare.store = f, f, nil, f
 	return f
 }
 
@@ -75,7 +81,7 @@ func TestStoreDownFailOpenPassesThrough(t *testing.T) {
 	for range 2 {
 		r := request("k", `{"a":1}`)
 		_, repl := servePlaceholders(h, up, r)
-		if o, _ := repl.GetString(placeholderOutcome); o != outcomeStoreError {
+		if o, _ := repl.GetString(placeholderOutcome); o != string(outcomeStoreError) {
 			t.Fatalf("outcome %q", o)
 		}
 	}
@@ -103,8 +109,8 @@ func TestStoreFullAnswers503AndKeepsLiveKeys(t *testing.T) {
 	}
 }
 
-func TestCompletionFailureLeavesKeyUntilLeaseLapses(t *testing.T) {
-	h := isolated(t, &Handler{LockTimeout: caddy.Duration(200 * time.Millisecond)})
+func TestCompletionFailureIsFinishedWhenTheStoreRecovers(t *testing.T) {
+	h := isolated(t, &Handler{})
 	store := withFlakyStore(h)
 	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
 		store.down.Store(true) // the store goes away while the request runs
@@ -115,12 +121,76 @@ func TestCompletionFailureLeavesKeyUntilLeaseLapses(t *testing.T) {
 		t.Fatalf("first: %d", w.Code)
 	}
 	store.down.Store(false)
-	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusConflict {
-		t.Fatalf("retry within the lease: %d, want 409", w.Code)
+	// The completion is retried in the background: the retry soon replays
+	// instead of meeting a 409 for the rest of the lease.
+	var w *httptest.ResponseRecorder
+	if !eventually(t, 5*time.Second, func() bool {
+		w = serve(h, up, request("k", "{}"))
+		return w.Header().Get("Idempotent-Replayed") == "true"
+	}) {
+		t.Fatalf("retry after the store recovered: %d, want a replay", w.Code)
 	}
-	time.Sleep(500 * time.Millisecond)
+	if w.Code != http.StatusCreated || up.calls.Load() != 1 {
+		t.Fatalf("replay %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
+	}
+}
+
+func TestReleaseFailureIsFinishedWhenTheStoreRecovers(t *testing.T) {
+	h := isolated(t, &Handler{})
+	store := withFlakyStore(h)
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		store.down.Store(true)
+		w.WriteHeader(http.StatusBadGateway) // frees the key
+		return nil
+	}}
+	serve(h, up, request("k", "{}"))
+	store.down.Store(false)
 	up.serve = nil
-	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
-		t.Fatalf("retry after the lease lapsed: %d", w.Code)
+	var w *httptest.ResponseRecorder
+	if !eventually(t, 5*time.Second, func() bool {
+		w = serve(h, up, request("k", "{}"))
+		return w.Code != http.StatusConflict
+	}) {
+		t.Fatal("the key stayed in flight after the store recovered")
+	}
+	if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" || up.calls.Load() != 2 {
+		t.Fatalf("retry: %d replayed=%q, upstream ran %d times; want a second run", w.Code, w.Header().Get("Idempotent-Replayed"), up.calls.Load())
+	}
+}
+
+// lostReplyStore reserves for real but reports a failure, as a store
+// whose reply was lost (a timeout after the server acted) does.
+type lostReplyStore struct {
+	storage.Store
+	lose atomic.Bool
+}
+
+func (s *lostReplyStore) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
+	res, err := s.Store.Reserve(ctx, key, fp, lease)
+	if err == nil && s.lose.Load() {
+		return storage.Reservation{Token: res.Token}, context.DeadlineExceeded
+	}
+	return res, err
+}
+
+func TestReservationWithALostReplyIsReleased(t *testing.T) {
+	h := isolated(t, &Handler{})
+	store := &lostReplyStore{Store: h.store}
+	h.store, h.ops, h.waiter, h.aftercare.store = store, store, nil, store
+	store.lose.Store(true)
+	up := &upstream{}
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d, want 503", w.Code)
+	}
+	store.lose.Store(false)
+	var w *httptest.ResponseRecorder
+	if !eventually(t, 5*time.Second, func() bool {
+		w = serve(h, up, request("k", "{}"))
+		return w.Code != http.StatusConflict
+	}) {
+		t.Fatal("the reservation the client was never told about still holds the key (ghost lease)")
+	}
+	if w.Code != http.StatusCreated || up.calls.Load() != 1 {
+		t.Fatalf("retry: %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
 	}
 }

@@ -39,9 +39,10 @@ type Fingerprinter struct {
 // body, the values of headers in the given order. Names are canonicalised
 // here once (content-type becomes Content-Type) so that Sum can index the
 // header map without allocating. When canonicalJSON is true, bodies that are
-// valid JSON are hashed in their canonical encoding (see AppendCanonicalJSON),
-// so that retries re-serialised by a client library still match; other
-// bodies are hashed raw.
+// declared as JSON (DeclaresJSON) and are valid JSON are hashed in their
+// canonical encoding (see AppendCanonicalJSON), so that retries
+// re-serialised by a client library still match; other bodies are hashed
+// raw.
 func New(headers []string, canonicalJSON bool) *Fingerprinter {
 	f := &Fingerprinter{
 		headers:       make([]string, len(headers)),
@@ -84,17 +85,20 @@ var sumPool = sync.Pool{New: func() any { return &sumState{h: sha256.New()} }}
 // requests produce the same input: a version tag, then method, path, raw
 // query, each length-prefixed, then for each configured header its name and
 // its value count followed by each value length-prefixed (an absent header
-// has count 0, a header present but empty has count 1 and an empty value),
-// then a body tag ('J' canonical JSON, 'R' raw bytes) and the
-// length-prefixed body.
+// has count 0, a header present but empty has count 1 and an empty value;
+// Content-Type values in their normalised spelling, see
+// normalizeMediaType), then a body tag ('J' canonical JSON, 'R' raw bytes)
+// and the length-prefixed body. Only bodies declared as JSON (see
+// DeclaresJSON) are canonicalised; any other body is compared byte for
+// byte, so that "100" and "1e2" in a text/csv body differ.
 func (f *Fingerprinter) Sum(dst []byte, method, path, rawQuery string, header http.Header, body []byte) []byte {
 	dst, _ = f.SumJSON(dst, method, path, rawQuery, header, body)
 	return dst
 }
 
 // SumJSON is Sum that also reports whether the body was hashed as canonical
-// JSON (false when canonicalisation is off or the body is not JSON it could
-// canonicalise).
+// JSON (false when canonicalisation is off, the body is not declared as
+// JSON, or it is not JSON it could canonicalise).
 func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, header http.Header, body []byte) (sum []byte, canonical bool) {
 	var cfg Fingerprinter
 	if f != nil {
@@ -113,12 +117,15 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 		values := header[name]
 		fr = binary.AppendUvarint(fr, uint64(len(values)))
 		for _, v := range values {
+			if name == "Content-Type" {
+				v = normalizeMediaType(v)
+			}
 			fr = appendString(fr, v)
 		}
 	}
 
 	payload, tag := body, byte(bodyRaw)
-	if cfg.canonicalJSON {
+	if cfg.canonicalJSON && DeclaresJSON(header) {
 		canon, fail := appendCanonical(st.canon[:0], body)
 		st.canon = canon
 		if fail.reason == "" {

@@ -30,6 +30,11 @@ var (
 	// ErrFull: the store refuses a new key because it holds as many live
 	// records as it is allowed to. Live records are never evicted.
 	ErrFull = errors.New("idempotency store is full")
+
+	// ErrScopeFull: the store refuses a new key because its scope (one
+	// client) holds as many records as one scope may, so that one client
+	// cannot fill the store for everybody. Other scopes are unaffected.
+	ErrScopeFull = errors.New("idempotency store holds too many keys for this scope")
 )
 
 // Key names one record: a client's idempotency key within a client scope.
@@ -143,7 +148,13 @@ func (o Outcome) String() string {
 // Reservation is the result of Reserve.
 type Reservation struct {
 	Outcome Outcome
-	// Token is the caller's lease when Outcome is Acquired.
+	// Token is the caller's lease when Outcome is Acquired. When Reserve
+	// fails for any reason but ErrFull, ErrScopeFull or invalid arguments,
+	// the Reservation still carries the token the call used, because the
+	// outcome is unknown: the reservation may have been written (a reply
+	// lost, a timeout after the server acted). Releasing that token once
+	// the store answers again removes such a ghost lease and is harmless
+	// otherwise (ErrLeaseLost).
 	Token Token
 	// Record is the existing record for Conflict and Replay.
 	Record *Record
@@ -164,7 +175,8 @@ type Store interface {
 	// fingerprint and lease, insert-first: of any number of concurrent
 	// callers for an absent key, exactly one gets Acquired. When a live
 	// record exists it reports Mismatch (other fingerprint, checked first),
-	// Conflict (in flight) or Replay (completed).
+	// Conflict (in flight) or Replay (completed). On failure, see
+	// Reservation.Token.
 	Reserve(ctx context.Context, key Key, fingerprint []byte, lease time.Duration) (Reservation, error)
 
 	// Complete records resp for the lease named by token; the record then

@@ -18,6 +18,7 @@ type entry struct {
 	token   storage.Token
 	created int64 // nanoseconds since Store.base
 	expires int64 // lease lapse (in flight) or expiry (completed)
+	scope   scopeID
 
 	// resp is the completed response in storage's binary encoding; nil in
 	// flight. One pointer-free block rather than a header map of strings:
@@ -31,11 +32,12 @@ type entry struct {
 	fpBuf [fpInline]byte
 }
 
-func newEntry(fp []byte, now int64, ttl int64) *entry {
+func newEntry(fp []byte, token storage.Token, now, ttl int64, scope scopeID) *entry {
 	e := &entry{
-		token:   storage.NewToken(),
+		token:   token,
 		created: now,
 		expires: now + ttl,
+		scope:   scope,
 	}
 	// Copy: callers may reuse their slice once Reserve returns.
 	if len(fp) <= fpInline {

@@ -19,6 +19,8 @@ package memory
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"hash/maphash"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +32,7 @@ import (
 // Defaults used for Options fields that are zero or negative.
 const (
 	DefaultMaxKeys         = 1_000_000
+	DefaultMaxKeysPerScope = 10_000
 	DefaultJanitorInterval = time.Minute
 )
 
@@ -47,6 +50,12 @@ const minSweepGap = 100 * time.Millisecond
 type Options struct {
 	// MaxKeys bounds the records held, expired or not (default 1000000).
 	MaxKeys int
+	// MaxKeysPerScope bounds the records one scope (one client) holds,
+	// expired or not, so that no client can fill the store for the others
+	// (default 10000; negative: no bound). A scope at its bound gets
+	// storage.ErrScopeFull for new keys until the janitor frees its
+	// expired records.
+	MaxKeysPerScope int
 	// JanitorInterval is how often expired records are deleted
 	// (default 1 minute).
 	JanitorInterval time.Duration
@@ -58,10 +67,13 @@ type Store struct {
 	// base anchors all times to the monotonic clock: entries keep
 	// nanoseconds since base, so wall-clock jumps never expire or revive a
 	// record, and entries hold no pointers for times.
-	base   time.Time
-	max    int64
-	count  atomic.Int64 // records held across all shards
-	shards [numShards]shard
+	base     time.Time
+	max      int64
+	maxScope int32        // per scope; 0: unbounded
+	count    atomic.Int64 // records held across all shards
+	shards   [numShards]shard
+	scopes   [numShards]scopeShard
+	seed     maphash.Seed // for scope ids
 
 	sweepMu   sync.Mutex // one sweep at a time
 	lastSweep int64      // guarded by sweepMu; nanoseconds since base
@@ -99,9 +111,17 @@ func New(opts Options) *Store {
 	if opts.JanitorInterval <= 0 {
 		opts.JanitorInterval = DefaultJanitorInterval
 	}
+	switch {
+	case opts.MaxKeysPerScope == 0:
+		opts.MaxKeysPerScope = DefaultMaxKeysPerScope
+	case opts.MaxKeysPerScope < 0 || opts.MaxKeysPerScope > math.MaxInt32:
+		opts.MaxKeysPerScope = 0
+	}
 	s := &Store{
-		base: time.Now(),
-		max:  int64(opts.MaxKeys),
+		base:     time.Now(),
+		max:      int64(opts.MaxKeys),
+		maxScope: int32(opts.MaxKeysPerScope),
+		seed:     maphash.MakeSeed(),
 		// The first full store may sweep at once.
 		lastSweep:   -int64(minSweepGap),
 		stop:        make(chan struct{}),
@@ -109,6 +129,7 @@ func New(opts Options) *Store {
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[recordID]*entry)
+		s.scopes[i].m = make(map[scopeID]int32)
 	}
 	go s.janitor(opts.JanitorInterval)
 	return s

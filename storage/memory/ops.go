@@ -17,6 +17,7 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 		return storage.Reservation{}, fmt.Errorf("memory: reserve: lease %v is not positive", lease)
 	}
 	sh, id := s.shardFor(key)
+	scope := s.scopeOf(key)
 	for {
 		now := s.now()
 		sh.mu.Lock()
@@ -29,16 +30,23 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 			}
 			return res, nil
 		}
-		// Replacing an expired entry keeps the count; only a new key needs
-		// room.
-		if old == nil && !s.admit() {
-			sh.mu.Unlock()
-			if !s.makeRoom() {
-				return storage.Reservation{}, storage.ErrFull
+		// Replacing an expired entry keeps the counts (same key, same
+		// scope); only a new key needs room.
+		if old == nil {
+			if !s.admit() {
+				sh.mu.Unlock()
+				if !s.makeRoom() {
+					return storage.Reservation{}, storage.ErrFull
+				}
+				continue // the key may have appeared meanwhile: look again
 			}
-			continue // the key may have appeared meanwhile: look again
+			if !s.admitScope(scope) {
+				s.count.Add(-1)
+				sh.mu.Unlock()
+				return storage.Reservation{}, storage.ErrScopeFull
+			}
 		}
-		e := newEntry(fp, now, int64(lease))
+		e := newEntry(fp, storage.NewToken(), now, int64(lease), scope)
 		sh.m[id] = e
 		if old != nil {
 			old.wake() // taken over: its waiters look again
@@ -151,5 +159,6 @@ func (s *Store) Delete(_ context.Context, key storage.Key) error {
 func (s *Store) remove(sh *shard, id recordID, e *entry) {
 	delete(sh.m, id)
 	s.count.Add(-1)
+	s.forgetScope(e.scope, 1)
 	e.wake()
 }

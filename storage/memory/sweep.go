@@ -51,6 +51,7 @@ func (s *Store) sweepLocked() {
 		for key, e := range sh.m {
 			if !e.live(now) {
 				delete(sh.m, key)
+				s.forgetScope(e.scope, 1)
 				e.wake()
 				n++
 			}

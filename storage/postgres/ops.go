@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -48,7 +49,7 @@ func (s *Store) leaseOp(ctx context.Context, op, sql string, key storage.Key, to
 	if err := s.ensureSchema(ctx); err != nil {
 		return s.fail(op, err)
 	}
-	tag, err := s.pool.Exec(ctx, sql, append([]any{key.Scope, key.ID, int64(token)}, args...)...)
+	tag, err := s.exec(ctx, sql, append([]any{key.Scope, key.ID, int64(token)}, args...)...)
 	if err != nil {
 		return s.fail(op, err)
 	}
@@ -56,6 +57,13 @@ func (s *Store) leaseOp(ctx context.Context, op, sql string, key storage.Key, to
 		return storage.ErrLeaseLost
 	}
 	return nil
+}
+
+// exec runs one statement under the store's timeout.
+func (s *Store) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	return s.pool.Exec(ctx, sql, args...)
 }
 
 // Get implements storage.Store.
@@ -71,8 +79,9 @@ func (s *Store) Get(ctx context.Context, key storage.Key, withBody bool) (*stora
 		headers, body []byte
 		bodyOmitted   bool
 	)
-	err := s.pool.QueryRow(ctx, s.sql.get, key.Scope, key.ID, withBody).
-		Scan(&rec.Fingerprint, &state, &token, &rec.CreatedAt, &rec.ExpiresAt, &status, &headers, &body, &bodyOmitted)
+	err := s.queryRow(ctx, s.sql.get,
+		[]any{&rec.Fingerprint, &state, &token, &rec.CreatedAt, &rec.ExpiresAt, &status, &headers, &body, &bodyOmitted},
+		key.Scope, key.ID, withBody)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, storage.ErrNotFound
@@ -100,7 +109,7 @@ func (s *Store) Delete(ctx context.Context, key storage.Key) error {
 	if err := s.ensureSchema(ctx); err != nil {
 		return s.fail("delete", err)
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.delete, key.Scope, key.ID)
+	tag, err := s.exec(ctx, s.sql.delete, key.Scope, key.ID)
 	if err != nil {
 		return s.fail("delete", err)
 	}

@@ -80,6 +80,14 @@ type Options struct {
 	// Default: 1 hour.
 	LapsedGrace time.Duration
 
+	// Timeout bounds each statement on the request path (Reserve and the
+	// lookup after a conflicting insert, Complete, Release, Renew, Get,
+	// Delete, and creating the table on first use), waiting for a pooled
+	// connection included, when the caller's context has no earlier
+	// deadline. Zero leaves only the caller's context. A statement that
+	// runs out of time is cancelled on the server too (see NewPoolConfig).
+	Timeout time.Duration
+
 	// OnCleanup, when set, is called after every periodic cleanup with the
 	// rows deleted and the error, ErrCleanupLocked when another store was
 	// cleaning. It runs on the cleanup goroutine.
@@ -197,6 +205,17 @@ func sanitizeTable(name string) (string, error) {
 		}
 	}
 	return pgx.Identifier(parts).Sanitize(), nil
+}
+
+// opContext applies the store's statement timeout to ctx.
+func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.opts.Timeout <= 0 {
+		return ctx, func() {}
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.opts.Timeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.opts.Timeout)
 }
 
 // lockKey derives an advisory lock key for purpose on table. Advisory

@@ -42,31 +42,43 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 		fp = []byte{} // nil would be NULL
 	}
 	tok := storage.NewToken()
+	// A failed statement may have committed before its reply was lost:
+	// the caller gets the token to release (see storage.Reservation).
+	failed := func(err error) (storage.Reservation, error) {
+		return storage.Reservation{Token: tok}, s.fail("reserve", err)
+	}
 	for range maxReserveAttempts {
 		var row existingRow
-		err := s.pool.QueryRow(ctx, s.sql.reserve, key.Scope, key.ID, fp, int64(tok), micros(lease)).
-			Scan(row.reserveDest()...)
+		err := s.queryRow(ctx, s.sql.reserve, row.reserveDest(), key.Scope, key.ID, fp, int64(tok), micros(lease))
 		switch {
 		case err == nil && row.acquired:
 			return storage.Reservation{Outcome: storage.Acquired, Token: tok}, nil
 		case err == nil:
 			return row.reservation(fp)
 		case !errors.Is(err, pgx.ErrNoRows):
-			return storage.Reservation{}, s.fail("reserve", err)
+			return failed(err)
 		}
 
 		// The visibility gap: the row exists but our snapshot predates it.
 		s.fallbacks.Add(1)
-		err = s.pool.QueryRow(ctx, s.sql.lookup, key.Scope, key.ID, fp).Scan(row.dest()...)
+		err = s.queryRow(ctx, s.sql.lookup, row.dest(), key.Scope, key.ID, fp)
 		switch {
 		case err == nil:
 			return row.reservation(fp)
 		case !errors.Is(err, pgx.ErrNoRows):
-			return storage.Reservation{}, s.fail("reserve", err)
+			return failed(err)
 		}
 		// Gone again: try to take it.
 	}
 	return storage.Reservation{}, fmt.Errorf("postgres reserve: the key changed hands %d times during one reservation", maxReserveAttempts)
+}
+
+// queryRow runs one statement under the store's timeout and scans its
+// row into dest.
+func (s *Store) queryRow(ctx context.Context, sql string, dest []any, args ...any) error {
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	return s.pool.QueryRow(ctx, sql, args...).Scan(dest...)
 }
 
 // existingRow is a live record as the reserve and lookup statements

@@ -78,6 +78,8 @@ func (s *Store) ensureSchema(ctx context.Context) error {
 	if !s.opts.CreateTable || s.schemaReady.Load() {
 		return nil
 	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
 	s.schemaMu.Lock()
 	a := s.schemaAttempt
 	leader := a == nil

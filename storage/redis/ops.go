@@ -23,7 +23,9 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 	tok := storage.NewToken()
 	v, err := s.run(ctx, reserveScript, key, fp, uint64(tok), millis(lease), keepMillis(lease))
 	if err != nil {
-		return storage.Reservation{}, fmt.Errorf("redis reserve: %w", err)
+		// The script may have run and its reply been lost: the caller
+		// gets the token to release (see storage.Reservation).
+		return storage.Reservation{Token: tok}, fmt.Errorf("redis reserve: %w", err)
 	}
 	r := reply{v: v}
 	var res storage.Reservation

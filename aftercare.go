@@ -1,0 +1,197 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// Aftercare bounds.
+const (
+	// maxAftercare bounds the store writes one handler keeps retrying;
+	// beyond it a write is given up at once (its lease lapses on its own).
+	maxAftercare = 10_000
+
+	// aftercareMinPause and aftercareMaxPause bound the pause between
+	// rounds while the store keeps failing.
+	aftercareMinPause = 100 * time.Millisecond
+	aftercareMaxPause = 2 * time.Second
+
+	// ghostSettle is how long after the store first answers "nothing to
+	// release" an abandoned reservation is released once more: a write
+	// that was queued behind the stall (a Redis busy in a slow script, a
+	// reply lost on the way back) lands within moments of the store
+	// answering again.
+	ghostSettle = time.Second
+
+	// choreTimeout bounds one try of a write.
+	choreTimeout = 30 * time.Second
+)
+
+// chore is one store write a request could not finish.
+type chore struct {
+	kind  choreKind
+	key   storage.Key
+	token storage.Token
+	resp  *storage.Response // complete only
+	ttl   time.Duration     // complete only
+	until time.Time         // given up after this
+
+	notBefore time.Time // abandon: the second look
+	answered  bool      // abandon: the store said there was nothing to release
+}
+
+type choreKind uint8
+
+const (
+	choreComplete choreKind = iota + 1 // record the response of a request that ran
+	choreRelease                       // free the key of a request that failed
+	choreAbandon                       // remove a reservation whose outcome is unknown
+)
+
+func (k choreKind) String() string {
+	switch k {
+	case choreComplete:
+		return "complete"
+	case choreRelease:
+		return "release"
+	}
+	return "abandon"
+}
+
+// aftercare finishes, in the background, the store writes that requests
+// could not: a Complete or Release that failed because the store was
+// unreachable or slow (the key would otherwise stay in flight, answering
+// 409, until its lease lapses), and the release of a reservation whose
+// Reserve failed with an unknown outcome (a ghost lease: written by the
+// store, never known to the request, which was told "not processed").
+//
+// One goroutine per handler does the work while there is any, one write at
+// a time, pausing between rounds while the store keeps failing, so that an
+// outage of the store costs it one probe per pause rather than one per
+// failed request. It holds the store open meanwhile (a reload must not
+// close it under a pending write).
+type aftercare struct {
+	store  storage.Store
+	hold   func() (release func(), ok bool)
+	logger *zap.Logger
+
+	mu      sync.Mutex
+	pending []*chore
+	running bool
+}
+
+// add queues c and starts the worker if it is idle.
+func (a *aftercare) add(c *chore) {
+	a.mu.Lock()
+	if len(a.pending) >= maxAftercare {
+		a.mu.Unlock()
+		a.logger.Error("too many idempotency store writes pending; giving one up (its key stays in flight until its lease lapses)",
+			zap.String("op", c.kind.String()), zap.String("key_hash", keyHash(c.key)))
+		return
+	}
+	a.pending = append(a.pending, c)
+	start := !a.running
+	a.running = true
+	a.mu.Unlock()
+	if !start {
+		return
+	}
+	release, ok := a.hold()
+	if !ok {
+		a.mu.Lock()
+		a.pending, a.running = nil, false
+		a.mu.Unlock()
+		return
+	}
+	go func() {
+		defer release()
+		a.work()
+	}()
+}
+
+// work runs rounds until nothing is pending.
+func (a *aftercare) work() {
+	pause := aftercareMinPause
+	for {
+		a.mu.Lock()
+		batch := a.pending
+		a.pending = nil
+		if len(batch) == 0 {
+			a.running = false
+			a.mu.Unlock()
+			return
+		}
+		a.mu.Unlock()
+
+		keep, failing, next := a.round(batch)
+
+		a.mu.Lock()
+		a.pending = append(keep, a.pending...)
+		a.mu.Unlock()
+		switch {
+		case failing:
+			time.Sleep(pause)
+			pause = min(2*pause, aftercareMaxPause)
+		case len(keep) > 0:
+			pause = aftercareMinPause
+			time.Sleep(max(time.Until(next), time.Millisecond))
+		}
+	}
+}
+
+// round tries each chore once, until the store fails; it returns the
+// chores left, whether the store failed, and when the earliest of them is
+// due.
+func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next time.Time) {
+	for _, c := range batch {
+		now := time.Now()
+		if now.After(c.until) {
+			a.logger.Warn("gave up an idempotency store write; its key stays in flight until its lease lapses",
+				zap.String("op", c.kind.String()), zap.String("key_hash", keyHash(c.key)))
+			continue
+		}
+		if failing || now.Before(c.notBefore) {
+			keep = append(keep, c)
+			if next.IsZero() || c.notBefore.Before(next) {
+				next = c.notBefore
+			}
+			continue
+		}
+		err := c.do(a.store)
+		switch {
+		case err == nil:
+			a.logger.Info("finished an idempotency store write after the store recovered",
+				zap.String("op", c.kind.String()), zap.String("key_hash", keyHash(c.key)))
+		case errors.Is(err, storage.ErrLeaseLost) && c.kind == choreAbandon && !c.answered:
+			// Nothing to release yet; look once more in a moment.
+			c.answered, c.notBefore = true, now.Add(ghostSettle)
+			keep = append(keep, c)
+			if next.IsZero() || c.notBefore.Before(next) {
+				next = c.notBefore
+			}
+		case errors.Is(err, storage.ErrLeaseLost):
+			// Taken over, deleted, or never written: nothing of ours.
+		default:
+			failing = true
+			keep = append(keep, c)
+		}
+	}
+	return keep, failing, next
+}
+
+// do tries the write once. The built-in stores apply their own timeout;
+// choreTimeout keeps a store without one from stalling the worker.
+func (c *chore) do(store storage.Store) error {
+	ctx, cancel := context.WithTimeout(context.Background(), choreTimeout)
+	defer cancel()
+	if c.kind == choreComplete {
+		return store.Complete(ctx, c.key, c.token, c.resp, c.ttl)
+	}
+	return store.Release(ctx, c.key, c.token)
+}

@@ -1,0 +1,77 @@
+package idempotency
+
+import (
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// outcome is how the handler answered a request, as set in
+// {http.idempotency.outcome}, the access log and the requests counter.
+type outcome string
+
+const (
+	outcomeNew         outcome = "new"           // ran the next handler under a fresh key
+	outcomeReplayed    outcome = "replayed"      // answered with the recorded response
+	outcomeWaited      outcome = "waited"        // waited for the first request, then replayed it
+	outcomeConflict    outcome = "conflict"      // 409: the first request is still running
+	outcomeMismatch    outcome = "mismatch"      // 422: the key was used for another request
+	outcomeMissing     outcome = "missing"       // 400: no key where one is required
+	outcomeInvalid     outcome = "invalid"       // 400: malformed key, no client scope, or invalid JSON
+	outcomeTooLarge    outcome = "too_large"     // 413: body over max_body_size
+	outcomeTooManyKeys outcome = "too_many_keys" // 429: the client holds as many keys as it may
+	outcomeStoreError  outcome = "store_error"   // the store failed or is full: 503, or passed on with fail_open
+	outcomePassed      outcome = "passed"        // no key: passed on without idempotency
+)
+
+// outcomes lists every outcome, so that each counter exists (at zero)
+// from the start.
+var outcomes = []outcome{
+	outcomeNew, outcomeReplayed, outcomeWaited, outcomeConflict, outcomeMismatch,
+	outcomeMissing, outcomeInvalid, outcomeTooLarge, outcomeTooManyKeys, outcomeStoreError, outcomePassed,
+}
+
+// Placeholders set on the requests this handler answers.
+const (
+	placeholderOutcome = "http.idempotency.outcome"
+	// placeholderKeyHash is set once a handler has taken the request's
+	// key, and marks the request as taken for inner idempotency handlers.
+	placeholderKeyHash = "http.idempotency.key_hash"
+)
+
+// settle records how the handler answered a request: in the
+// {http.idempotency.outcome} placeholder, the requests counter, the access
+// log and a debug log.
+func (h *Handler) settle(r *http.Request, repl *caddy.Replacer, o outcome) {
+	repl.Set(placeholderOutcome, string(o))
+	countOutcome(o)
+	kh, _ := repl.GetString(placeholderKeyHash)
+	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+		extra.Add(zap.String("idempotency_outcome", string(o)))
+		if kh != "" {
+			extra.Add(zap.String("idempotency_key_hash", kh))
+		}
+	}
+	if c := h.logger.Check(zapcore.DebugLevel, "idempotency outcome"); c != nil {
+		c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh))
+	}
+}
+
+// pass hands a request that carries no key to the next handler. An inner
+// idempotency handler may still take it (its own rules apply, `required`
+// included): the request counts as passed only if none did, and only once
+// however many handlers passed it on.
+func (h *Handler) pass(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer) error {
+	if _, outer := repl.Get(placeholderOutcome); outer {
+		return next.ServeHTTP(w, r) // an outer handler passed it on and counts it
+	}
+	repl.Set(placeholderOutcome, string(outcomePassed))
+	err := next.ServeHTTP(w, r)
+	if o, _ := repl.GetString(placeholderOutcome); o == string(outcomePassed) {
+		h.settle(r, repl, outcomePassed)
+	}
+	return err
+}

@@ -1,0 +1,102 @@
+package idempotency
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// evalScope evaluates template for a request with the given headers.
+func evalScope(t *testing.T, template string, header map[string]string) (string, bool) {
+	t.Helper()
+	st, err := newScopeTemplate(template)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("POST", "http://api.example.com/orders", nil)
+	for k, v := range header {
+		r.Header.Set(k, v)
+	}
+	repl := caddy.NewReplacer()
+	r = caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), nil)
+	return st.evaluate(repl)
+}
+
+func TestDefaultScopeIsUnchangedFromPlainSubstitution(t *testing.T) {
+	// Records stored by earlier versions keep their scope: for the default
+	// template the encoding is the plain substitution.
+	for _, auth := range []string{"", "Bearer abc", `Basic a\b c`, "  spaced  out  "} {
+		got, _ := evalScope(t, defaultScope, map[string]string{"Authorization": auth})
+		repl := caddy.NewReplacer()
+		r := httptest.NewRequest("POST", "http://api.example.com/orders", nil)
+		r.Header.Set("Authorization", auth)
+		r = caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), nil)
+		if want := repl.ReplaceAll(defaultScope, ""); got != want {
+			t.Errorf("Authorization %q: scope %q, want %q as before", auth, got, want)
+		}
+	}
+}
+
+func TestScopesAreInjective(t *testing.T) {
+	templates := []string{
+		"{http.request.header.X-A} {http.request.header.X-B}",
+		"{http.request.header.X-A}{http.request.header.X-B}",
+		"{http.request.header.X-A}\\x{http.request.header.X-B}",
+		"t:{http.request.header.X-A}/{http.request.header.X-B}:{http.request.header.X-C}",
+		"{http.request.header.X-A} - {http.request.header.X-B} {http.request.header.X-C}",
+	}
+	alphabet := []string{"", "a", " ", "\\", "/", ":", "-", "0", "1:", " - "}
+	rng := rand.New(rand.NewPCG(1, 2))
+	value := func() string {
+		var b strings.Builder
+		for range rng.IntN(4) {
+			b.WriteString(alphabet[rng.IntN(len(alphabet))])
+		}
+		return b.String()
+	}
+	for _, tmpl := range templates {
+		seen := map[string]string{}
+		for range 3000 {
+			h := map[string]string{"X-A": value(), "X-B": value(), "X-C": value()}
+			// Header values lose their outer whitespace on the way in.
+			for k, v := range h {
+				h[k] = strings.TrimSpace(v)
+			}
+			tuple := fmt.Sprintf("%q", []string{h["X-A"], h["X-B"], h["X-C"]})
+			if !strings.Contains(tmpl, "X-C") {
+				tuple = fmt.Sprintf("%q", []string{h["X-A"], h["X-B"]})
+			}
+			scope, _ := evalScope(t, tmpl, h)
+			if prev, ok := seen[scope]; ok && prev != tuple {
+				t.Fatalf("template %q: %s and %s give one scope %q", tmpl, prev, tuple, scope)
+			}
+			seen[scope] = tuple
+		}
+	}
+}
+
+func TestScopeCollisionFromTheIssueIsGone(t *testing.T) {
+	tmpl := "{http.request.header.X-Tenant} {http.request.header.X-User}"
+	a, _ := evalScope(t, tmpl, map[string]string{"X-Tenant": "acme corp", "X-User": "bob"})
+	b, _ := evalScope(t, tmpl, map[string]string{"X-Tenant": "acme", "X-User": "corp bob"})
+	if a == b {
+		t.Fatalf("(acme corp, bob) and (acme, corp bob) share the scope %q", a)
+	}
+}
+
+func TestBlankScope(t *testing.T) {
+	if _, ok := evalScope(t, "{http.request.header.X-A} {http.request.header.X-B}", nil); ok {
+		t.Error("a scope of blank values is not blank")
+	}
+	if _, ok := evalScope(t, "tenant {http.request.header.X-A}", nil); !ok {
+		t.Error("a template with text of its own is blank")
+	}
+	if _, ok := evalScope(t, "{http.request.header.X-A}{http.request.header.X-B}", map[string]string{"X-B": "x"}); !ok {
+		t.Error("a length-prefixed scope with a value is blank")
+	}
+}

@@ -1,0 +1,80 @@
+package postgres
+
+import (
+	"errors"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Connection defaults applied by NewPoolConfig.
+const (
+	// DefaultConnectTimeout bounds connecting when the DSN sets no
+	// connect_timeout: pgx would otherwise wait two minutes for a server
+	// that drops packets.
+	DefaultConnectTimeout = 5 * time.Second
+
+	// keepAliveIdle, keepAliveInterval and keepAliveCount make the kernel
+	// notice a peer that vanished without closing (a partition, a crashed
+	// host) on an idle pooled connection within about half a minute,
+	// rather than the two hours of Linux's defaults.
+	keepAliveIdle     = 15 * time.Second
+	keepAliveInterval = 5 * time.Second
+	keepAliveCount    = 3
+
+	// cancelGrace is how long a statement whose context ended may take to
+	// come back once the server was asked to cancel it, before its
+	// connection is given up: a lock wait answers a cancel request at once,
+	// a black-holed connection never answers anything.
+	cancelGrace = 300 * time.Millisecond
+)
+
+// ErrInvalidDSN is returned by NewPoolConfig for a connection string pgx
+// cannot parse. pgx's own message may quote the string, password
+// included, so it is withheld.
+var ErrInvalidDSN = errors.New("postgres: dsn is not a valid connection string (details withheld: they may contain the password)")
+
+// NewPoolConfig parses dsn (a URL or keyword/value pairs, any parameter
+// pgx accepts) into a pool configuration fit for a store on the request
+// path:
+//
+//   - maxConns, when positive, bounds the pool (else the DSN's
+//     pool_max_conns, else pgx's default);
+//   - connecting gives up after DefaultConnectTimeout unless the DSN sets
+//     connect_timeout;
+//   - TCP keepalive notices a dead peer on an idle connection within
+//     about 30 seconds;
+//   - a statement whose context ends (the store's Timeout) is cancelled
+//     on the server with a cancel request, so that a statement waiting on
+//     a lock cannot commit after its caller gave up, and its connection is
+//     dropped if the server does not answer within a moment (a partition).
+//
+// It never connects.
+func NewPoolConfig(dsn string, maxConns int) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, ErrInvalidDSN
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = int32(min(maxConns, 1<<30))
+	}
+	cc := cfg.ConnConfig
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = DefaultConnectTimeout
+	}
+	dialer := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{
+		Enable:   true,
+		Idle:     keepAliveIdle,
+		Interval: keepAliveInterval,
+		Count:    keepAliveCount,
+	}}
+	// pgx bounds each dial by ConnectTimeout itself.
+	cc.DialFunc = dialer.DialContext
+	cc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
+	}
+	return cfg, nil
+}
