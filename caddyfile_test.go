@@ -76,6 +76,11 @@ func TestCaddyfileOptions(t *testing.T) {
 			want:  Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":1000}`)},
 		},
 		{
+			name:  "storage memory max_keys_per_scope",
+			input: "idempotency {\n\tstorage memory {\n\t\tmax_keys 1000\n\t\tmax_keys_per_scope 50\n\t}\n}",
+			want:  Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":1000,"max_keys_per_scope":50}`)},
+		},
+		{
 			name:  "storage then more options",
 			input: "idempotency {\n\tstorage memory {\n\t\tmax_keys 5\n\t}\n\tttl 1h\n}",
 			want: Handler{
@@ -495,6 +500,13 @@ func TestCaddyfileErrors(t *testing.T) {
 		{name: "max_response_size not a size", body: []string{"max_response_size big"}, line: 3, want: []string{"max_response_size", "size", "'big'"}},
 		{name: "max_response_size zero", body: []string{"max_response_size 0KB"}, line: 3, want: []string{"max_response_size", "positive size", "'0KB'"}},
 		{name: "max_response_size absurd", body: []string{"max_response_size 2TiB"}, line: 3, want: []string{"max_response_size", "size", "'2TiB'"}},
+
+		// Floors.
+		{name: "lock_timeout below a second", body: []string{"ttl 1h", "lock_timeout 1ns"}, line: 4, want: []string{"lock_timeout", "at least 1s", "1ns"}},
+		{name: "ttl below a second", body: []string{"ttl 1ns"}, line: 3, want: []string{"ttl", "at least 1s", "1ns"}},
+		{name: "ttl 999ms", body: []string{"lock_timeout 5s", "ttl 999ms"}, line: 4, want: []string{"ttl", "at least 1s", "999ms"}},
+		{name: "scope blank", body: []string{"scope \" \""}, line: 3, want: []string{"scope", "blank"}},
+		{name: "memory max_keys_per_scope zero", body: []string{"storage memory {", "\tmax_keys_per_scope 0", "}"}, line: 4, want: []string{"max_keys_per_scope", "positive integer", "'0'"}},
 
 		// release_on.
 		{name: "release_on 6xx", body: []string{"release_on 6xx"}, line: 3, want: []string{"release_on", `"6xx"`}},

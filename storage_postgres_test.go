@@ -39,9 +39,10 @@ func TestCaddyfilePostgresOptions(t *testing.T) {
 				"\tcreate_table false",
 				"\tcleanup_interval 10m",
 				"\tmax_conns 20",
+				"\ttimeout 1500ms",
 				"}",
 			},
-			want: `{"backend":"postgres","dsn":"{env.PG_DSN}","table":"app.idempotency","create_table":false,"cleanup_interval":600000000000,"max_conns":20}`,
+			want: `{"backend":"postgres","dsn":"{env.PG_DSN}","table":"app.idempotency","create_table":false,"cleanup_interval":600000000000,"max_conns":20,"timeout":1500000000}`,
 		},
 		{
 			name: "create_table true",
