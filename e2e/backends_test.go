@@ -43,11 +43,15 @@ func describe(r reply) string {
 				fmt.Fprintf(&b, " %s=%q", h, v)
 			}
 		}
-		body := r.body
-		if len(body) > 200 {
-			body = append(body[:200:200], "..."...)
+		if p := r.problem(); p != "" {
+			fmt.Fprintf(&b, " problem %s", p)
+		} else {
+			body := r.body
+			if len(body) > 200 {
+				body = append(body[:200:200], "..."...)
+			}
+			fmt.Fprintf(&b, " body(%d bytes)=%q", len(r.body), body)
 		}
-		fmt.Fprintf(&b, " body(%d bytes)=%q", len(r.body), body)
 	}
 	if r.err != nil {
 		fmt.Fprintf(&b, " error: %v", r.err)
