@@ -9,7 +9,8 @@
 // each test starts its own instances on loopback ports, with a key prefix
 // or table of its own on the shared servers, and never stops or restarts
 // a shared server: outages use a private redis-server (redistest) or a
-// TCP proxy in front of PostgreSQL (caddyproc.Proxy). Redis and
+// TCP proxy in front of the server (caddyproc.Proxy) that cuts or stalls
+// its connections; a slow store is a table lock or DEBUG SLEEP. Redis and
 // PostgreSQL tests skip when the servers are unreachable, and fail under
 // CI=true, like the rest of the suite.
 //

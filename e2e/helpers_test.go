@@ -191,6 +191,12 @@ func onRedis(t *testing.T, addr, extra string) backend {
 // ends.
 func onPostgres(t *testing.T) backend {
 	t.Helper()
+	return onPostgresWith(t, "")
+}
+
+// onPostgresWith is onPostgres with extra options in the storage block.
+func onPostgresWith(t *testing.T, extra string) backend {
+	t.Helper()
 	dsn := pgtest.Require(t)
 	table := pgtest.Table(t, dsn)
 	u, err := url.Parse(dsn)
@@ -200,7 +206,7 @@ func onPostgres(t *testing.T) backend {
 	storageAt := func(addr string) string {
 		at := *u
 		at.Host = addr
-		return fmt.Sprintf("storage postgres {\n\tdsn %q\n\ttable %s\n}", at.String(), table)
+		return fmt.Sprintf("storage postgres {\n\tdsn %q\n\ttable %s\n%s\n}", at.String(), table, extra)
 	}
 	ident := pgx.Identifier{table}.Sanitize()
 	return backend{

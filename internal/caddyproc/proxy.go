@@ -2,7 +2,6 @@ package caddyproc
 
 import (
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"time"
@@ -16,6 +15,13 @@ import (
 // every connection that was open has been closed, as if the server had
 // gone away. Restore listens on the same port again, so clients configured
 // with Addr reconnect on their own.
+//
+// While stalled, the proxy is a black hole: connections stay open and new
+// ones are accepted, but no byte goes through either way, so a client
+// learns of the trouble only from its own timeouts. Bytes sent meanwhile
+// are held, not lost, and go through once Unstall is called, even when
+// their sender has closed its connection since: like segments that TCP
+// retransmits once the network heals.
 type Proxy struct {
 	// Addr is the host:port clients connect to.
 	Addr   string
@@ -26,6 +32,9 @@ type Proxy struct {
 	conns map[net.Conn]struct{}
 	done  bool
 	wg    sync.WaitGroup
+	// gate is open (nil) while bytes flow; while stalled it is a channel
+	// that Unstall closes.
+	gate chan struct{}
 }
 
 // NewProxy starts a proxy on a free loopback port that forwards to target.
@@ -90,11 +99,60 @@ func (p *Proxy) forward(ln net.Listener, c net.Conn) {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		_, _ = io.Copy(s, c)
+		p.pipe(s, c)
 		closeBoth()
 	}()
-	_, _ = io.Copy(c, s)
+	p.pipe(c, s)
 	closeBoth()
+}
+
+// pipe copies from src to dst until either fails, holding what it read
+// while the proxy is stalled.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.waitFlowing()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// waitFlowing returns at once unless the proxy is stalled, then when it
+// is unstalled.
+func (p *Proxy) waitFlowing() {
+	p.mu.Lock()
+	gate := p.gate
+	p.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+}
+
+// Stall stops forwarding bytes, both ways, on every connection, open or
+// new, without closing any.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gate == nil {
+		p.gate = make(chan struct{})
+	}
+}
+
+// Unstall forwards bytes again, those held first.
+func (p *Proxy) Unstall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gate != nil {
+		close(p.gate)
+		p.gate = nil
+	}
 }
 
 // Cut stops listening and closes every open connection, both ways.
@@ -139,5 +197,6 @@ func (p *Proxy) Close() {
 	p.mu.Lock()
 	p.done = true
 	p.mu.Unlock()
+	p.Unstall() // held bytes meet closed connections: the goroutines end
 	p.wg.Wait()
 }

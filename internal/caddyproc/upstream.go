@@ -12,19 +12,45 @@ import (
 )
 
 // Upstream is an HTTP server that counts executions per Idempotency-Key.
-// Requests control it with headers:
+// Every response carries X-Key-Execution, the request's execution number
+// for its key (also in the JSON body of the default answer). Requests
+// control it with headers:
 //
-//	X-Upstream-Delay:  milliseconds to work before answering; the work is
-//	                   finished even if the caller goes away
-//	X-Upstream-Status: the status to answer with (default 201)
+//	X-Upstream-Delay:       milliseconds to work before answering; the work
+//	                        is finished even if the caller goes away
+//	X-Upstream-Status:      the status to answer with (default 201)
+//	X-Upstream-Break-After: n: break off mid-body. The response declares a
+//	                        Content-Length larger than n, sends the status,
+//	                        the headers and n bytes of Pattern, flushes,
+//	                        then closes the connection (hijacked): an
+//	                        upstream that crashed half-way through its
+//	                        answer
+//	X-Upstream-Size:        n: answer with n bytes of Pattern (declared in
+//	                        Content-Length) instead of the JSON body, sent
+//	                        in chunks of ChunkSize, each flushed
+//	X-Upstream-Chunk-Delay: with X-Upstream-Size, milliseconds to pause
+//	                        after each chunk: a slow download
+//
+// Executions are counted when a request arrives; Finished and Delivered
+// tell how the answers ended.
 type Upstream struct {
 	Addr string
 
 	total    atomic.Int64
 	mu       sync.Mutex
-	perKey   map[string]int
+	perKey   map[string]*keyStats
 	srv      *http.Server
 	listener net.Listener
+}
+
+// ChunkSize is the size of the chunks of an X-Upstream-Size answer.
+const ChunkSize = 8 << 10
+
+// keyStats is what happened to the requests with one key.
+type keyStats struct {
+	executions int // requests that arrived
+	finished   int // requests whose handler has returned
+	delivered  int // of those, the ones whose whole answer was written
 }
 
 // NewUpstream starts an Upstream on a free loopback port.
@@ -33,7 +59,7 @@ func NewUpstream() (*Upstream, error) {
 	if err != nil {
 		return nil, err
 	}
-	u := &Upstream{Addr: l.Addr().String(), perKey: make(map[string]int), listener: l}
+	u := &Upstream{Addr: l.Addr().String(), perKey: make(map[string]*keyStats), listener: l}
 	u.srv = &http.Server{Handler: u, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = u.srv.Serve(l) }()
 	return u, nil
@@ -45,9 +71,23 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	n := u.total.Add(1)
 	u.mu.Lock()
-	u.perKey[key]++
-	exec := u.perKey[key]
+	st := u.perKey[key]
+	if st == nil {
+		st = new(keyStats)
+		u.perKey[key] = st
+	}
+	st.executions++
+	exec := st.executions
 	u.mu.Unlock()
+	delivered := false
+	defer func() {
+		u.mu.Lock()
+		st.finished++
+		if delivered {
+			st.delivered++
+		}
+		u.mu.Unlock()
+	}()
 
 	if ms, err := strconv.Atoi(r.Header.Get("X-Upstream-Delay")); err == nil && ms > 0 {
 		time.Sleep(time.Duration(ms) * time.Millisecond)
@@ -56,19 +96,94 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s, err := strconv.Atoi(r.Header.Get("X-Upstream-Status")); err == nil {
 		status = s
 	}
+	w.Header().Set("X-Key-Execution", strconv.Itoa(exec))
+	rc := http.NewResponseController(w)
+
+	if size, err := strconv.Atoi(r.Header.Get("X-Upstream-Break-After")); err == nil && size >= 0 {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(size+(1<<20)))
+		w.WriteHeader(status)
+		_, _ = w.Write(Pattern(size))
+		_ = rc.Flush()
+		if conn, _, err := rc.Hijack(); err == nil {
+			conn.Close()
+		}
+		return
+	}
+
+	if size, err := strconv.Atoi(r.Header.Get("X-Upstream-Size")); err == nil && size >= 0 {
+		pause, _ := strconv.Atoi(r.Header.Get("X-Upstream-Chunk-Delay"))
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.WriteHeader(status)
+		all := Pattern(size)
+		for len(all) > 0 {
+			chunk := all[:min(ChunkSize, len(all))]
+			all = all[len(chunk):]
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			if err := rc.Flush(); err != nil {
+				return
+			}
+			if pause > 0 && len(all) > 0 {
+				time.Sleep(time.Duration(pause) * time.Millisecond)
+			}
+		}
+		delivered = true
+		return
+	}
+
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	fmt.Fprintf(w, `{"execution":%d,"key_execution":%d,"request_bytes":%d}`, n, exec, len(body))
+	_, err := fmt.Fprintf(w, `{"execution":%d,"key_execution":%d,"request_bytes":%d}`, n, exec, len(body))
+	delivered = err == nil
+}
+
+// Pattern is the body of the sized answers: n bytes that show where a
+// piece was cut from (each 8-byte group is its own offset, in hex).
+func Pattern(n int) []byte {
+	b := make([]byte, 0, n+8)
+	for i := 0; len(b) < n; i += 8 {
+		b = fmt.Appendf(b, "%07x\n", i)
+	}
+	return b[:n]
 }
 
 // Total is the number of requests served.
 func (u *Upstream) Total() int64 { return u.total.Load() }
 
-// Executions returns how many times requests with key were served.
+// Executions returns how many times requests with key arrived.
 func (u *Upstream) Executions(key string) int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return u.perKey[key]
+	if st := u.perKey[key]; st != nil {
+		return st.executions
+	}
+	return 0
+}
+
+// Finished returns how many requests with key have been answered, whole
+// or not (a broken-off answer, a caller that stopped reading).
+func (u *Upstream) Finished(key string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if st := u.perKey[key]; st != nil {
+		return st.finished
+	}
+	return 0
+}
+
+// Delivered returns how many requests with key got their whole answer
+// written (the caller read it to the end, as far as the upstream can
+// tell).
+func (u *Upstream) Delivered(key string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if st := u.perKey[key]; st != nil {
+		return st.delivered
+	}
+	return 0
 }
 
 // Close stops the server.

@@ -87,6 +87,18 @@ func StartServer(t testing.TB) *Server {
 	return start(t, "redis-server", func() (*Server, error) { return startServer(t, bin, "") })
 }
 
+// StartServerArgs is StartServer with extra redis-server arguments (kept
+// for Restart), e.g. "--enable-debug-command", "local" for a test that
+// needs DEBUG SLEEP.
+func StartServerArgs(t testing.TB, args ...string) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		unavailable(t, "redis-server binary: %v", err)
+	}
+	return start(t, "redis-server", func() (*Server, error) { return startServer(t, bin, "", args...) })
+}
+
 // Server is a private redis-server process.
 type Server struct {
 	// Addr is the server's host:port.
