@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -44,6 +45,7 @@ type chore struct {
 
 	notBefore time.Time // abandon: the second look
 	answered  bool      // abandon: the store said there was nothing to release
+	done      bool      // abandon: reclaimed by a retry meanwhile (guarded by aftercare.mu)
 }
 
 type choreKind uint8
@@ -81,9 +83,10 @@ type aftercare struct {
 	hold   func() (release func(), ok bool)
 	logger *zap.Logger
 
-	mu      sync.Mutex
-	pending []*chore
-	running bool
+	mu        sync.Mutex
+	pending   []*chore
+	abandoned map[storage.Key]*chore // the pending abandons, for reclaim
+	running   bool
 }
 
 // add queues c and starts the worker if it is idle.
@@ -96,6 +99,12 @@ func (a *aftercare) add(c *chore) {
 		return
 	}
 	a.pending = append(a.pending, c)
+	if c.kind == choreAbandon {
+		if a.abandoned == nil {
+			a.abandoned = make(map[storage.Key]*chore)
+		}
+		a.abandoned[c.key] = c
+	}
 	start := !a.running
 	a.running = true
 	a.mu.Unlock()
@@ -105,7 +114,7 @@ func (a *aftercare) add(c *chore) {
 	release, ok := a.hold()
 	if !ok {
 		a.mu.Lock()
-		a.pending, a.running = nil, false
+		a.pending, a.abandoned, a.running = nil, nil, false
 		a.mu.Unlock()
 		return
 	}
@@ -133,6 +142,11 @@ func (a *aftercare) work() {
 
 		a.mu.Lock()
 		a.pending = append(keep, a.pending...)
+		for _, c := range batch {
+			if c.kind == choreAbandon && a.abandoned[c.key] == c && !slices.Contains(keep, c) {
+				delete(a.abandoned, c.key)
+			}
+		}
 		a.mu.Unlock()
 		switch {
 		case failing:
@@ -150,6 +164,12 @@ func (a *aftercare) work() {
 // due.
 func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next time.Time) {
 	for _, c := range batch {
+		a.mu.Lock()
+		done := c.done
+		a.mu.Unlock()
+		if done {
+			continue
+		}
 		now := time.Now()
 		if now.After(c.until) {
 			a.logger.Warn("gave up an idempotency store write; its key stays in flight until its lease lapses",
@@ -183,6 +203,29 @@ func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next tim
 		}
 	}
 	return keep, failing, next
+}
+
+// reclaim releases at once the reservation of key that a failed Reserve
+// of this handler may have left (see abandon), and reports whether it was
+// there and is gone: a retry that meets it as a 409 can then reserve the
+// key for itself instead of waiting for the worker.
+func (a *aftercare) reclaim(key storage.Key) bool {
+	a.mu.Lock()
+	c := a.abandoned[key]
+	a.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	if err := c.do(a.store); err != nil {
+		return false
+	}
+	a.mu.Lock()
+	c.done = true
+	if a.abandoned[key] == c {
+		delete(a.abandoned, key)
+	}
+	a.mu.Unlock()
+	return true
 }
 
 // do tries the write once. The built-in stores apply their own timeout;

@@ -100,11 +100,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"the request body is declared as JSON but is not valid JSON")
 	}
 
-	// Store calls outlive the client: a reservation made for a client that
-	// hung up mid-call must still be answered for.
-	res, err := h.ops.Reserve(context.WithoutCancel(r.Context()), key, fp, time.Duration(h.LockTimeout))
+	res, err := h.reserve(r.Context(), key, fp)
 	if err != nil {
-		h.abandon(key, res.Token, err)
 		return h.storeFailed(w, r, next, repl, key, err)
 	}
 	how := outcomeReplayed
@@ -224,6 +221,25 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	return nil
 }
 
+// reserve claims key for this request. A reservation that an earlier
+// request of this handler abandoned (its Reserve failed, yet may have been
+// written) is released on the spot when it is what holds the key: the
+// client was told 503 and invited to retry. Store calls outlive the
+// client: a reservation made for a client that hung up mid-call must
+// still be answered for.
+func (h *Handler) reserve(ctx context.Context, key storage.Key, fp []byte) (storage.Reservation, error) {
+	ctx = context.WithoutCancel(ctx)
+	lease := time.Duration(h.LockTimeout)
+	res, err := h.ops.Reserve(ctx, key, fp, lease)
+	if err == nil && res.Outcome == storage.Conflict && h.aftercare.reclaim(key) {
+		res, err = h.ops.Reserve(ctx, key, fp, lease)
+	}
+	if err != nil {
+		h.abandon(key, res.Token, err)
+	}
+	return res, err
+}
+
 // await blocks while the first request with key runs, for wait_timeout
 // at most, and returns what the store holds then: a Replay when it
 // completed, Acquired when it released the key (this request runs
@@ -242,8 +258,7 @@ func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res sto
 			pause = min(2*pause, 250*time.Millisecond)
 		}
 		var err error
-		if res, err = h.ops.Reserve(context.WithoutCancel(ctx), key, fp, time.Duration(h.LockTimeout)); err != nil {
-			h.abandon(key, res.Token, err)
+		if res, err = h.reserve(ctx, key, fp); err != nil {
 			return res, err
 		}
 	}

@@ -2,9 +2,11 @@ package idempotency
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -173,6 +175,14 @@ func (s *lostReplyStore) Reserve(ctx context.Context, key storage.Key, fp []byte
 	return res, err
 }
 
+// Release fails while replies are lost: the store is still away.
+func (s *lostReplyStore) Release(ctx context.Context, key storage.Key, token storage.Token) error {
+	if s.lose.Load() {
+		return context.DeadlineExceeded
+	}
+	return s.Store.Release(ctx, key, token)
+}
+
 func TestReservationWithALostReplyIsReleased(t *testing.T) {
 	h := isolated(t, &Handler{})
 	store := &lostReplyStore{Store: h.store}
@@ -183,12 +193,36 @@ func TestReservationWithALostReplyIsReleased(t *testing.T) {
 		t.Fatalf("first: %d, want 503", w.Code)
 	}
 	store.lose.Store(false)
+	// The retry meets the ghost and releases it on the spot.
+	w := serve(h, up, request("k", "{}"))
+	if w.Code != http.StatusCreated || up.calls.Load() != 1 {
+		t.Fatalf("retry: %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
+	}
+}
+
+// A retry that lands on another instance does not know of the abandoned
+// reservation: the first instance's background worker removes it.
+func TestAbandonedReservationIsReleasedInTheBackground(t *testing.T) {
+	shared := json.RawMessage(`{"backend":"memory","max_keys":` + strconv.FormatInt(900_000_000+nextMaxKeys.Add(1), 10) + `}`)
+	a := provision(t, &Handler{StorageRaw: shared})
+	b := provision(t, &Handler{StorageRaw: shared})
+	store := &lostReplyStore{Store: a.store}
+	a.store, a.ops, a.waiter, a.aftercare.store = store, store, nil, store
+	store.lose.Store(true)
+	up := &upstream{}
+	if w := serve(a, up, request("k", "{}")); w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d, want 503", w.Code)
+	}
+	if w := serve(b, up, request("k", "{}")); w.Code != http.StatusConflict {
+		t.Fatalf("retry on the other instance at once: %d, want 409 (the ghost is there)", w.Code)
+	}
+	store.lose.Store(false)
 	var w *httptest.ResponseRecorder
 	if !eventually(t, 5*time.Second, func() bool {
-		w = serve(h, up, request("k", "{}"))
+		w = serve(b, up, request("k", "{}"))
 		return w.Code != http.StatusConflict
 	}) {
-		t.Fatal("the reservation the client was never told about still holds the key (ghost lease)")
+		t.Fatal("the abandoned reservation was never released")
 	}
 	if w.Code != http.StatusCreated || up.calls.Load() != 1 {
 		t.Fatalf("retry: %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
