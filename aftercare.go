@@ -3,7 +3,6 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"time"
 
@@ -26,8 +25,9 @@ const (
 	// ghostSettle is how long after the store first answers "nothing to
 	// release" an abandoned reservation is released once more: a write
 	// that was queued behind the stall (a Redis busy in a slow script, a
-	// reply lost on the way back) lands within moments of the store
-	// answering again.
+	// statement delivered when a partition heals) lands within moments of
+	// the store answering again. It is also how long a finished abandon
+	// is remembered for reclaim.
 	ghostSettle = time.Second
 
 	// choreTimeout bounds one try of a write.
@@ -45,7 +45,7 @@ type chore struct {
 
 	notBefore time.Time // abandon: the second look
 	answered  bool      // abandon: the store said there was nothing to release
-	done      bool      // abandon: reclaimed by a retry meanwhile (guarded by aftercare.mu)
+	finished  time.Time // abandon: when it was done with (guarded by aftercare.mu)
 }
 
 type choreKind uint8
@@ -83,9 +83,12 @@ type aftercare struct {
 	hold   func() (release func(), ok bool)
 	logger *zap.Logger
 
-	mu        sync.Mutex
-	pending   []*chore
-	abandoned map[storage.Key]*chore // the pending abandons, for reclaim
+	mu      sync.Mutex
+	pending []*chore
+	// abandoned holds the abandons still pending, and those finished
+	// within ghostSettle, by key: a retry that meets its key in flight
+	// asks reclaim whether it was one of ours.
+	abandoned map[storage.Key]*chore
 	running   bool
 }
 
@@ -129,6 +132,7 @@ func (a *aftercare) work() {
 	pause := aftercareMinPause
 	for {
 		a.mu.Lock()
+		a.forgetFinished(time.Now())
 		batch := a.pending
 		a.pending = nil
 		if len(batch) == 0 {
@@ -142,11 +146,6 @@ func (a *aftercare) work() {
 
 		a.mu.Lock()
 		a.pending = append(keep, a.pending...)
-		for _, c := range batch {
-			if c.kind == choreAbandon && a.abandoned[c.key] == c && !slices.Contains(keep, c) {
-				delete(a.abandoned, c.key)
-			}
-		}
 		a.mu.Unlock()
 		switch {
 		case failing:
@@ -163,24 +162,24 @@ func (a *aftercare) work() {
 // chores left, whether the store failed, and when the earliest of them is
 // due.
 func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next time.Time) {
-	for _, c := range batch {
-		a.mu.Lock()
-		done := c.done
-		a.mu.Unlock()
-		if done {
-			continue
+	later := func(c *chore) {
+		keep = append(keep, c)
+		if next.IsZero() || c.notBefore.Before(next) {
+			next = c.notBefore
 		}
+	}
+	for _, c := range batch {
 		now := time.Now()
-		if now.After(c.until) {
+		switch {
+		case a.isFinished(c):
+			continue // reclaimed by a retry meanwhile
+		case now.After(c.until):
 			a.logger.Warn("gave up an idempotency store write; its key stays in flight until its lease lapses",
 				zap.String("op", c.kind.String()), zap.String("key_hash", keyHash(c.key)))
+			a.finish(c, now)
 			continue
-		}
-		if failing || now.Before(c.notBefore) {
-			keep = append(keep, c)
-			if next.IsZero() || c.notBefore.Before(next) {
-				next = c.notBefore
-			}
+		case failing || now.Before(c.notBefore):
+			later(c)
 			continue
 		}
 		err := c.do(a.store)
@@ -188,15 +187,14 @@ func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next tim
 		case err == nil:
 			a.logger.Info("finished an idempotency store write after the store recovered",
 				zap.String("op", c.kind.String()), zap.String("key_hash", keyHash(c.key)))
+			a.finish(c, now)
 		case errors.Is(err, storage.ErrLeaseLost) && c.kind == choreAbandon && !c.answered:
 			// Nothing to release yet; look once more in a moment.
 			c.answered, c.notBefore = true, now.Add(ghostSettle)
-			keep = append(keep, c)
-			if next.IsZero() || c.notBefore.Before(next) {
-				next = c.notBefore
-			}
+			later(c)
 		case errors.Is(err, storage.ErrLeaseLost):
 			// Taken over, deleted, or never written: nothing of ours.
+			a.finish(c, now)
 		default:
 			failing = true
 			keep = append(keep, c)
@@ -205,27 +203,64 @@ func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next tim
 	return keep, failing, next
 }
 
-// reclaim releases at once the reservation of key that a failed Reserve
-// of this handler may have left (see abandon), and reports whether it was
-// there and is gone: a retry that meets it as a 409 can then reserve the
-// key for itself instead of waiting for the worker.
+// reclaim is for a request that met key in flight. When that may be a
+// reservation this handler abandoned (see Handler.abandon), it releases it
+// at once rather than waiting for the worker, and reports whether the
+// request should look again: the reservation is gone now (released here,
+// by the worker a moment ago, or never written).
 func (a *aftercare) reclaim(key storage.Key) bool {
 	a.mu.Lock()
 	c := a.abandoned[key]
+	var finished bool
+	if c != nil && !c.finished.IsZero() {
+		finished = true
+		if time.Since(c.finished) > ghostSettle {
+			delete(a.abandoned, key)
+			c = nil
+		}
+	}
 	a.mu.Unlock()
 	if c == nil {
 		return false
 	}
-	if err := c.do(a.store); err != nil {
+	if finished {
+		return true
+	}
+	if err := c.do(a.store); err != nil && !errors.Is(err, storage.ErrLeaseLost) {
 		return false
 	}
+	a.finish(c, time.Now())
+	return true
+}
+
+// finish marks an abandon as done with; reclaim remembers it for
+// ghostSettle, as a retry may have met the reservation just before the
+// worker released it.
+func (a *aftercare) finish(c *chore, now time.Time) {
+	if c.kind != choreAbandon {
+		return
+	}
 	a.mu.Lock()
-	c.done = true
-	if a.abandoned[key] == c {
-		delete(a.abandoned, key)
+	if c.finished.IsZero() {
+		c.finished = now
 	}
 	a.mu.Unlock()
-	return true
+}
+
+func (a *aftercare) isFinished(c *chore) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return !c.finished.IsZero()
+}
+
+// forgetFinished drops the abandons finished more than ghostSettle ago;
+// the caller holds a.mu.
+func (a *aftercare) forgetFinished(now time.Time) {
+	for k, c := range a.abandoned {
+		if !c.finished.IsZero() && now.Sub(c.finished) > ghostSettle {
+			delete(a.abandoned, k)
+		}
+	}
 }
 
 // do tries the write once. The built-in stores apply their own timeout;
