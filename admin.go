@@ -180,7 +180,7 @@ func storesNamed(id string) ([]namedStore, error) {
 func viewOf(storeID string, key storage.Key, rec *storage.Record, withBody bool) recordView {
 	v := recordView{
 		Store:       storeID,
-		KeyHash:     keyHash(key),
+		KeyHash:     key.Hash(),
 		State:       rec.State.String(),
 		Fingerprint: hex.EncodeToString(rec.Fingerprint),
 		CreatedAt:   rec.CreatedAt.UTC(),

@@ -98,7 +98,7 @@ func (a *aftercare) add(c *chore) {
 	if len(a.pending) >= maxAftercare {
 		a.mu.Unlock()
 		a.logger.Error("too many idempotency store writes pending; giving one up (its key stays in flight until its lease lapses)",
-			zap.String("op", c.kind.String()), zap.String("key_hash", keyHash(c.key)))
+			zap.String("op", c.kind.String()), zap.String("key_hash", c.key.Hash()))
 		return
 	}
 	a.pending = append(a.pending, c)
@@ -175,7 +175,7 @@ func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next tim
 			continue // reclaimed by a retry meanwhile
 		case now.After(c.until):
 			a.logger.Warn("gave up an idempotency store write; its key stays in flight until its lease lapses",
-				zap.String("op", c.kind.String()), zap.String("key_hash", keyHash(c.key)))
+				zap.String("op", c.kind.String()), zap.String("key_hash", c.key.Hash()))
 			a.finish(c, now)
 			continue
 		case failing || now.Before(c.notBefore):
@@ -186,7 +186,7 @@ func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next tim
 		switch {
 		case err == nil:
 			a.logger.Info("finished an idempotency store write after the store recovered",
-				zap.String("op", c.kind.String()), zap.String("key_hash", keyHash(c.key)))
+				zap.String("op", c.kind.String()), zap.String("key_hash", c.key.Hash()))
 			a.finish(c, now)
 		case errors.Is(err, storage.ErrLeaseLost) && c.kind == choreAbandon && !c.answered:
 			// Nothing to release yet; look once more in a moment.

@@ -34,15 +34,15 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
-	var h Handler
 	opts := new(globalOptions)
 	err := eachOption(d, "", nil, func(opt string) error {
 		if opt != "storage" {
 			return d.Errf("unrecognized idempotency global option '%s' (only storage can be set globally)", opt)
 		}
-		return h.parseStorage(d)
-	})
-	opts.StorageRaw = h.StorageRaw
+		raw, err := parseStorage(d)
+		opts.StorageRaw = raw
+		return err
+	}, nil)
 	return opts, err
 }
 

@@ -2,8 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,7 +67,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"the request carries no client identity to scope the key to")
 	}
 	key := storage.Key{Scope: hashHex(scope), ID: id}
-	repl.Set(placeholderKeyHash, keyHash(key))
+	repl.Set(placeholderKeyHash, key.Hash())
 
 	// Hold the store before reading the body: a reload that replaces the
 	// storage config while a slow client uploads must not close it under
@@ -187,7 +185,7 @@ func (h *Handler) finish(key storage.Key, token storage.Token, rec *recorder, fa
 		if failure != "" {
 			resp.Body, resp.BodyOmitted = nil, true
 			h.logger.Warn("the response broke off after its status was sent; recording status and headers without the body",
-				zap.String("key_hash", keyHash(key)), zap.Int("status", status), zap.String("failure", failure))
+				zap.String("key_hash", key.Hash()), zap.Int("status", status), zap.String("failure", failure))
 		}
 		h.complete(key, token, resp)
 	}
@@ -269,23 +267,23 @@ func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res sto
 func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, key storage.Key, err error) error {
 	switch {
 	case errors.Is(err, storage.ErrScopeFull):
-		h.logger.Warn("a client holds as many idempotency keys as it may; rejecting a new key", zap.String("key_hash", keyHash(key)))
+		h.logger.Warn("a client holds as many idempotency keys as it may; rejecting a new key", zap.String("key_hash", key.Hash()))
 		w.Header().Set("Retry-After", storeFullRetryAfter)
 		return h.reject(w, r, repl, outcomeTooManyKeys, problemTooManyKeys,
 			"too many keys in flight or recorded for this client; retry later")
 	case errors.Is(err, storage.ErrFull):
-		h.logger.Error("idempotency store is full; rejecting a new key", zap.String("key_hash", keyHash(key)))
+		h.logger.Error("idempotency store is full; rejecting a new key", zap.String("key_hash", key.Hash()))
 		w.Header().Set("Retry-After", storeFullRetryAfter)
 		return h.reject(w, r, repl, outcomeStoreError, problemStoreFull,
 			"too many requests are being tracked; retry later")
 	case h.OnStorageError == failOpen:
 		h.logger.Warn("idempotency store unavailable; passing the request on without idempotency (fail_open)",
-			zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.Error(err))
+			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
 		h.settle(r, repl, outcomeStoreError)
 		return next.ServeHTTP(w, r)
 	}
 	h.logger.Error("idempotency store unavailable; rejecting the request (fail_closed)",
-		zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.Error(err))
+		zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
 	w.Header().Set("Retry-After", storeDownRetryAfter)
 	return h.reject(w, r, repl, outcomeStoreError, problemStoreDown,
 		"the request was not processed; retry later with the same key")
@@ -294,7 +292,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 // reject answers with a problem response and records the outcome.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, o outcome, p problem, detail string) error {
 	h.settle(r, repl, o)
-	return h.writeProblem(w, p, detail)
+	return writeProblem(w, h.DocsURL, p, detail)
 }
 
 // complete records resp as the answer for key; if the store fails, it
@@ -305,10 +303,10 @@ func (h *Handler) complete(key storage.Key, token storage.Token, resp *storage.R
 	case err == nil:
 	case errors.Is(err, storage.ErrLeaseLost):
 		h.logger.Warn("idempotency lease was lost before the response could be recorded; a retry may run again",
-			zap.String("key_hash", keyHash(key)))
+			zap.String("key_hash", key.Hash()))
 	default:
 		h.logger.Error("recording idempotent response failed; retrying in the background",
-			zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.Error(err))
+			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
 		h.aftercare.add(&chore{kind: choreComplete, key: key, token: token, resp: resp, ttl: time.Duration(h.TTL), until: h.aftercareDeadline()})
 	}
 }
@@ -320,13 +318,13 @@ func (h *Handler) release(key storage.Key, token storage.Token, why string) {
 	switch {
 	case err == nil:
 		if c := h.logger.Check(zapcore.DebugLevel, "idempotency key released"); c != nil {
-			c.Write(zap.String("key_hash", keyHash(key)), zap.String("reason", why))
+			c.Write(zap.String("key_hash", key.Hash()), zap.String("reason", why))
 		}
 	case errors.Is(err, storage.ErrLeaseLost):
 		// Someone else holds the key now; nothing of ours to free.
 	default:
 		h.logger.Error("releasing idempotency key failed; retrying in the background",
-			zap.String("backend", h.backend), zap.String("key_hash", keyHash(key)), zap.String("reason", why), zap.Error(err))
+			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.String("reason", why), zap.Error(err))
 		h.aftercare.add(&chore{kind: choreRelease, key: key, token: token, until: h.aftercareDeadline()})
 	}
 }
@@ -347,25 +345,6 @@ func (h *Handler) abandon(key storage.Key, token storage.Token, err error) {
 // record that nobody took over and still let its owner complete it.
 func (h *Handler) aftercareDeadline() time.Time {
 	return time.Now().Add(max(time.Duration(h.LockTimeout), time.Minute))
-}
-
-// holdStore keeps the handler's store open until release is called.
-func (h *Handler) holdStore() (release func(), ok bool) {
-	if h.pooled == nil {
-		return func() {}, true
-	}
-	return h.pooled.hold()
-}
-
-// keyHash names a record in logs, placeholders and the admin API without
-// revealing the key or the client: a short hash of scope and key.
-func keyHash(key storage.Key) string {
-	var stack [512]byte
-	in := append(stack[:0], key.Scope...)
-	in = append(in, 0)
-	in = append(in, key.ID...)
-	sum := sha256.Sum256(in)
-	return hex.EncodeToString(sum[:8])
 }
 
 // sleep waits for d or until ctx is done.

@@ -49,10 +49,10 @@ func (l *lease) renew() {
 		// Deleted by an admin, or taken over after a lapse: the record is
 		// someone else's now and this request's response will not be kept.
 		l.logger.Warn("idempotency lease lost while the request runs; its response will not be recorded",
-			zap.String("key_hash", keyHash(l.key)))
+			zap.String("key_hash", l.key.Hash()))
 		return
 	case err != nil:
-		l.logger.Warn("renewing idempotency lease", zap.String("key_hash", keyHash(l.key)), zap.Error(err))
+		l.logger.Warn("renewing idempotency lease", zap.String("key_hash", l.key.Hash()), zap.Error(err))
 	}
 	l.timer.Reset(l.length / 3)
 }

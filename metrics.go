@@ -65,13 +65,6 @@ func registerMetrics(reg *prometheus.Registry) error {
 	return nil
 }
 
-// countOutcome counts one request.
-func countOutcome(o outcome) {
-	if c := metrics.byOutcome[o]; c != nil {
-		c.Inc()
-	}
-}
-
 // timedStore measures each operation of a store in the latency histogram.
 type timedStore struct {
 	storage.Store

@@ -145,12 +145,12 @@ type Handler struct {
 	// responses with `Link: <url>; rel="describedby"`.
 	DocsURL string `json:"docs_url,omitempty"`
 
-	store        storage.Store  // the shared store
+	backend      StorageBackend // the storage module
+	backendName  string         // its name: memory, redis, postgres
+	store        storage.Store  // the backend's store
 	ops          storage.Store  // store, timed for the latency metric: what requests use
-	pooled       *pooledStore   // store's pool entry, held while a request runs; nil if not pooled
 	waiter       storage.Waiter // nil when the store cannot notify
 	aftercare    *aftercare     // finishes store writes that failed
-	backend      string
 	methods      []string
 	headerKey    string
 	scope        *scopeTemplate
@@ -172,15 +172,6 @@ type FingerprintConfig struct {
 	// Bodies that are not valid JSON are compared byte for byte.
 	// Default: true.
 	CanonicalJSON *bool `json:"canonical_json,omitempty"`
-}
-
-// storageNamespace is where storage backends register.
-const storageNamespace = "http.idempotency.storage"
-
-// StorageBackend is implemented by the guest modules in namespace
-// http.idempotency.storage. Store is valid from Provision to Cleanup.
-type StorageBackend interface {
-	Store() storage.Store
 }
 
 // CaddyModule returns the Caddy module information.
@@ -272,28 +263,28 @@ func (h *Handler) setDefaults() {
 	}
 }
 
+// loadStorage loads the storage backend and wires the handler to its
+// store.
 func (h *Handler) loadStorage(ctx caddy.Context) error {
-	var mod any
-	var err error
-	if h.StorageRaw != nil {
-		mod, err = ctx.LoadModule(h, "StorageRaw")
-	} else {
-		mod, err = ctx.LoadModuleByID(storageNamespace+".memory", nil)
-	}
+	backend, name, err := loadBackend(ctx, h)
 	if err != nil {
-		return fmt.Errorf("loading idempotency storage: %w", err)
+		return err
 	}
-	backend, ok := mod.(StorageBackend)
-	if !ok {
-		return fmt.Errorf("module %T is not an idempotency storage backend", mod)
-	}
-	h.backend = mod.(caddy.Module).CaddyModule().ID.Name()
+	h.backend, h.backendName = backend, name
 	h.store = backend.Store()
-	h.pooled = pooledFor(h.store)
 	h.waiter, _ = h.store.(storage.Waiter)
-	h.ops = newTimedStore(h.store, h.backend)
+	h.ops = newTimedStore(h.store, name)
 	h.aftercare = &aftercare{store: h.ops, hold: h.holdStore, logger: h.logger}
 	return nil
+}
+
+// holdStore keeps the handler's store open until release is called (see
+// StoreHolder).
+func (h *Handler) holdStore() (release func(), ok bool) {
+	if sh, ok := h.backend.(StoreHolder); ok {
+		return sh.HoldStore()
+	}
+	return func() {}, true
 }
 
 // Validate reports configuration errors. Provision has already checked the

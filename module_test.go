@@ -75,7 +75,7 @@ func TestProvisionDefaults(t *testing.T) {
 		{"on_storage_error", h.OnStorageError, "fail_closed"},
 		{"replay_header (effective)", h.replayHeader, "Idempotent-Replayed"},
 		{"docs_url", h.DocsURL, ""},
-		{"storage backend", h.backend, "memory"},
+		{"storage backend", h.backendName, "memory"},
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -155,7 +155,7 @@ func TestProvisionKeepsExplicitValues(t *testing.T) {
 		{"on_storage_error", h.OnStorageError, "fail_open"},
 		{"replay_header (effective)", h.replayHeader, "X-Replayed"},
 		{"docs_url", h.DocsURL, "https://api.example.com/docs#idempotency"},
-		{"storage backend", h.backend, "memory"},
+		{"storage backend", h.backendName, "memory"},
 		{"release_on 429", h.releaseOn.has(429), true},
 		{"release_on 503", h.releaseOn.has(503), true},
 		{"release_on 409", h.releaseOn.has(409), false},

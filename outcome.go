@@ -34,6 +34,13 @@ var outcomes = []outcome{
 	outcomeMissing, outcomeInvalid, outcomeTooLarge, outcomeTooManyKeys, outcomeStoreError, outcomePassed,
 }
 
+// countOutcome counts one request.
+func countOutcome(o outcome) {
+	if c := metrics.byOutcome[o]; c != nil {
+		c.Inc()
+	}
+}
+
 // Placeholders set on the requests this handler answers.
 const (
 	placeholderOutcome = "http.idempotency.outcome"

@@ -15,47 +15,63 @@ type closeCounter struct {
 
 func (c *closeCounter) Close() error { c.closed.Add(1); return c.Store.Close() }
 
-func TestPooledStoreClosesAfterItsLastRunningRequest(t *testing.T) {
+func TestPooledStoreClosesAfterItsLastHold(t *testing.T) {
 	inner := &closeCounter{Store: memory.New(memory.Options{})}
-	s, err := acquireStore("test", "test:deferred-close", func() (storage.Store, error) { return inner, nil })
-	if err != nil {
+	var b pooledBackend
+	if err := b.acquire("test", "deferred-close", func() (storage.Store, error) { return inner, nil }); err != nil {
 		t.Fatal(err)
 	}
-	p := pooledFor(s)
-	if p == nil {
-		t.Fatal("a pooled store is not registered")
-	}
-	release, ok := p.hold()
+	release, ok := b.HoldStore()
 	if !ok {
 		t.Fatal("hold failed on an open store")
 	}
-	if err := releaseStore("test:deferred-close"); err != nil { // the last handler goes
+	if err := b.Cleanup(); err != nil { // the last handler goes
 		t.Fatal(err)
 	}
 	if n := inner.closed.Load(); n != 0 {
-		t.Fatalf("closed %d times while a request still runs on it", n)
+		t.Fatalf("closed %d times while a request still holds it", n)
 	}
 	release()
+	release() // a second call is harmless
 	if n := inner.closed.Load(); n != 1 {
-		t.Fatalf("closed %d times after the last request, want 1", n)
+		t.Fatalf("closed %d times after the last hold, want 1", n)
 	}
-	if pooledFor(s) != nil {
-		t.Fatal("a closed store is still registered")
-	}
-	if _, ok := p.hold(); ok {
+	if _, ok := b.HoldStore(); ok {
 		t.Fatal("hold succeeded on a closed store")
 	}
 }
 
-func TestPooledStoreWithoutRunningRequestsClosesAtOnce(t *testing.T) {
+func TestPooledStoreWithoutHoldsClosesAtOnce(t *testing.T) {
 	inner := &closeCounter{Store: memory.New(memory.Options{})}
-	if _, err := acquireStore("test", "test:idle-close", func() (storage.Store, error) { return inner, nil }); err != nil {
+	var b pooledBackend
+	if err := b.acquire("test", "idle-close", func() (storage.Store, error) { return inner, nil }); err != nil {
 		t.Fatal(err)
 	}
-	if err := releaseStore("test:idle-close"); err != nil {
+	if err := b.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
 	if n := inner.closed.Load(); n != 1 {
 		t.Fatalf("closed %d times, want 1", n)
+	}
+	if err := b.Cleanup(); err != nil { // a second Cleanup deletes nothing
+		t.Fatal(err)
+	}
+}
+
+func TestPooledBackendsShareOneStorePerConfiguration(t *testing.T) {
+	opened := 0
+	open := func() (storage.Store, error) { opened++; return memory.New(memory.Options{}), nil }
+	var a, b, c pooledBackend
+	for _, x := range []struct {
+		b   *pooledBackend
+		cfg any
+	}{{&a, "one"}, {&b, "one"}, {&c, "two"}} {
+		if err := x.b.acquire("test", x.cfg, open); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { x.b.Cleanup() })
+	}
+	if a.Store() != b.Store() || a.Store() == c.Store() || opened != 2 {
+		t.Fatalf("stores: a==b %v, a==c %v, opened %d; want one store per configuration", a.Store() == b.Store(), a.Store() == c.Store(), opened)
 	}
 }

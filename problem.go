@@ -38,9 +38,10 @@ type problemBody struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-// writeProblem answers with p as application/problem+json. Problem
-// responses are never stored and never cached.
-func (h *Handler) writeProblem(w http.ResponseWriter, p problem, detail string) error {
+// writeProblem answers with p as application/problem+json, linking
+// docsURL when it is set. Problem responses are never stored and never
+// cached.
+func writeProblem(w http.ResponseWriter, docsURL string, p problem, detail string) error {
 	body, err := json.Marshal(problemBody{
 		Type:   problemTypeBase + p.slug,
 		Title:  p.title,
@@ -54,8 +55,8 @@ func (h *Handler) writeProblem(w http.ResponseWriter, p problem, detail string) 
 	hdr.Set("Content-Type", "application/problem+json")
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	hdr.Set("Cache-Control", "no-store")
-	if h.DocsURL != "" {
-		hdr.Add("Link", "<"+h.DocsURL+`>; rel="describedby"`)
+	if docsURL != "" {
+		hdr.Add("Link", "<"+docsURL+`>; rel="describedby"`)
 	}
 	w.WriteHeader(p.status)
 	// A client that went away cannot be told anything else; there is no

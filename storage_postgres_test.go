@@ -135,8 +135,8 @@ func TestCaddyfilePostgresErrors(t *testing.T) {
 // is down.
 func TestPostgresProvisionNeedsNoServer(t *testing.T) {
 	h := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"postgres","dsn":"postgres://postgres@127.0.0.1:1/test"}`)})
-	if h.backend != "postgres" || h.store == nil {
-		t.Fatalf("backend %q, store %v", h.backend, h.store)
+	if h.backendName != "postgres" || h.store == nil {
+		t.Fatalf("backend %q, store %v", h.backendName, h.store)
 	}
 	if h.waiter != nil {
 		t.Fatal("the postgres store must not claim to be a Waiter")

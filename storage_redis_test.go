@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )
 
 // rsParse parses a Caddyfile idempotency block and returns its redis
@@ -182,6 +182,7 @@ func TestRedisResolve(t *testing.T) {
 	t.Setenv("IDEM_TEST_REDIS_URL", "redis://cache:6380/3")
 	t.Setenv("IDEM_TEST_REDIS_NODES", "n1:7000, n2:7000 n3:7000")
 	t.Setenv("IDEM_TEST_REDIS_PASSWORD", "s3cr{e}t")
+	type opts = redisstore.ClientOptions
 	tests := []struct {
 		name    string
 		in      RedisStorage
@@ -189,38 +190,42 @@ func TestRedisResolve(t *testing.T) {
 		wantErr string
 	}{
 		{name: "defaults", in: RedisStorage{},
-			want: redisConfig{URL: defaultRedisURL, KeyPrefix: "idempotency:"}},
+			want: redisConfig{Client: opts{URL: redisstore.DefaultURL}, KeyPrefix: "idempotency:"}},
 		{name: "url from env", in: RedisStorage{URL: "{env.IDEM_TEST_REDIS_URL}", KeyPrefix: "k:"},
-			want: redisConfig{URL: "redis://cache:6380/3", KeyPrefix: "k:"}},
+			want: redisConfig{Client: opts{URL: "redis://cache:6380/3"}, KeyPrefix: "k:"}},
 		{name: "password from env, braces kept", in: RedisStorage{Password: "{env.IDEM_TEST_REDIS_PASSWORD}"},
-			want: redisConfig{URL: defaultRedisURL, Password: "s3cr{e}t", KeyPrefix: "idempotency:"}},
+			want: redisConfig{Client: opts{URL: redisstore.DefaultURL, Password: "s3cr{e}t"}, KeyPrefix: "idempotency:"}},
 		{name: "literal password with braces", in: RedisStorage{Password: "a{b}c"},
-			want: redisConfig{URL: defaultRedisURL, Password: "a{b}c", KeyPrefix: "idempotency:"}},
+			want: redisConfig{Client: opts{URL: redisstore.DefaultURL, Password: "a{b}c"}, KeyPrefix: "idempotency:"}},
 		{name: "cluster from one env var", in: RedisStorage{Addresses: []string{"{env.IDEM_TEST_REDIS_NODES}"}},
-			want: redisConfig{Addrs: []string{"n1:7000", "n2:7000", "n3:7000"}, KeyPrefix: "idempotency:"}},
+			want: redisConfig{Client: opts{Addrs: []string{"n1:7000, n2:7000 n3:7000"}}, KeyPrefix: "idempotency:"}},
 		{name: "cluster over TLS", in: RedisStorage{Addresses: []string{"rediss://n1:7000", "rediss://n2:7000/"}},
-			want: redisConfig{Addrs: []string{"n1:7000", "n2:7000"}, TLS: true, KeyPrefix: "idempotency:"}},
+			want: redisConfig{Client: opts{Addrs: []string{"rediss://n1:7000", "rediss://n2:7000/"}}, KeyPrefix: "idempotency:"}},
 		{name: "sentinel", in: RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "m", Username: "u", Password: "p", PoolSize: 7, DialTimeout: caddy.Duration(time.Second), Timeout: caddy.Duration(time.Minute)},
-			want: redisConfig{Addrs: []string{"s1:26379"}, MasterName: "m", Username: "u", Password: "p", KeyPrefix: "idempotency:", PoolSize: 7, DialTimeout: time.Second, Timeout: time.Minute}},
+			want: redisConfig{Client: opts{Addrs: []string{"s1:26379"}, MasterName: "m", Username: "u", Password: "p", PoolSize: 7, DialTimeout: time.Second, Timeout: time.Minute}, KeyPrefix: "idempotency:"}},
 		{name: "sentinel credentials from env", in: RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "m", SentinelUsername: "w", SentinelPassword: "{env.IDEM_TEST_REDIS_PASSWORD}"},
-			want: redisConfig{Addrs: []string{"s1:26379"}, MasterName: "m", SentinelUsername: "w", SentinelPassword: "s3cr{e}t", KeyPrefix: "idempotency:"}},
+			want: redisConfig{Client: opts{Addrs: []string{"s1:26379"}, MasterName: "m", SentinelUsername: "w", SentinelPassword: "s3cr{e}t"}, KeyPrefix: "idempotency:"}},
 
 		{name: "url and addresses", in: RedisStorage{URL: "redis://a", Addresses: []string{"b:1"}}, wantErr: "mutually exclusive"},
-		{name: "sentinel_password without master_name", in: RedisStorage{Addresses: []string{"b:1"}, SentinelPassword: "p"}, wantErr: "need master_name"},
+		{name: "sentinel_password without master_name", in: RedisStorage{Addresses: []string{"b:1"}, SentinelPassword: "p"}, wantErr: "sentinel_password needs master_name"},
 		{name: "master_name alone", in: RedisStorage{MasterName: "m"}, wantErr: "master_name needs addresses"},
 		{name: "master_name with url", in: RedisStorage{MasterName: "m", URL: "redis://a"}, wantErr: "master_name needs addresses"},
 		{name: "url empty from env", in: RedisStorage{URL: "{env.IDEM_TEST_UNSET_VARIABLE}"}, wantErr: "url is empty"},
 		{name: "bad url", in: RedisStorage{URL: "https://cache"}, wantErr: "invalid url"},
 		{name: "password twice", in: RedisStorage{URL: "redis://:pw@cache", Password: "other"}, wantErr: "password is set both"},
 		{name: "user twice", in: RedisStorage{URL: "redis://u@cache", Username: "v"}, wantErr: "user is set both"},
-		{name: "empty address", in: RedisStorage{Addresses: []string{"{env.IDEM_TEST_UNSET_VARIABLE}"}}, wantErr: "empty once"},
+		{name: "empty address", in: RedisStorage{Addresses: []string{"{env.IDEM_TEST_UNSET_VARIABLE}"}}, wantErr: "address is empty"},
 		{name: "negative pool_size", in: RedisStorage{PoolSize: -1}, wantErr: "pool_size"},
 		{name: "negative timeout", in: RedisStorage{Timeout: -1}, wantErr: "timeout"},
 		{name: "negative dial_timeout", in: RedisStorage{DialTimeout: -1}, wantErr: "dial_timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := tt.in.resolve()
+			err := tt.in.check()
+			var got redisConfig
+			if err == nil {
+				got, err = tt.in.resolve()
+			}
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error %v, want one mentioning %q", err, tt.wantErr)
@@ -235,84 +240,6 @@ func TestRedisResolve(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestRedisClientKinds checks how the configuration maps onto go-redis:
-// the client kind, TLS, credentials and timeouts.
-func TestRedisClientKinds(t *testing.T) {
-	single := func(t *testing.T, c goredis.UniversalClient) *goredis.Options {
-		t.Helper()
-		cl, ok := c.(*goredis.Client)
-		if !ok {
-			t.Fatalf("client %T, want *redis.Client", c)
-		}
-		return cl.Options()
-	}
-	build := func(t *testing.T, r RedisStorage) goredis.UniversalClient {
-		t.Helper()
-		cfg, err := r.resolve()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := cfg.newClient()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-
-	t.Run("default", func(t *testing.T) {
-		o := single(t, build(t, RedisStorage{}))
-		if o.Addr != "127.0.0.1:6379" || o.DB != 0 || o.TLSConfig != nil {
-			t.Errorf("options %+v", o)
-		}
-		if o.ReadTimeout != defaultRedisTimeout || o.WriteTimeout != defaultRedisTimeout || o.DialTimeout != defaultRedisDialTimeout || !o.ContextTimeoutEnabled {
-			t.Errorf("timeouts read %v write %v dial %v context %v", o.ReadTimeout, o.WriteTimeout, o.DialTimeout, o.ContextTimeoutEnabled)
-		}
-	})
-	t.Run("rediss url", func(t *testing.T) {
-		o := single(t, build(t, RedisStorage{URL: "rediss://cache.example:6380/2", Username: "u", Password: "p", PoolSize: 3, Timeout: caddy.Duration(5 * time.Second)}))
-		if o.Addr != "cache.example:6380" || o.DB != 2 || o.Username != "u" || o.Password != "p" || o.PoolSize != 3 {
-			t.Errorf("options %+v", o)
-		}
-		if o.TLSConfig == nil || o.TLSConfig.ServerName != "cache.example" {
-			t.Errorf("TLS %+v, want verification of cache.example", o.TLSConfig)
-		}
-		if o.ReadTimeout != 5*time.Second {
-			t.Errorf("read timeout %v", o.ReadTimeout)
-		}
-	})
-	t.Run("url credentials", func(t *testing.T) {
-		o := single(t, build(t, RedisStorage{URL: "redis://u:p@cache?dial_timeout=3s"}))
-		if o.Username != "u" || o.Password != "p" || o.DialTimeout != 3*time.Second {
-			t.Errorf("user %q password %q dial %v", o.Username, o.Password, o.DialTimeout)
-		}
-	})
-	t.Run("one address", func(t *testing.T) {
-		o := single(t, build(t, RedisStorage{Addresses: []string{"cache:6379"}}))
-		if o.Addr != "cache:6379" {
-			t.Errorf("addr %q", o.Addr)
-		}
-	})
-	t.Run("cluster", func(t *testing.T) {
-		c := build(t, RedisStorage{Addresses: []string{"rediss://n1:7000", "rediss://n2:7000"}, Password: "p"})
-		cc, ok := c.(*goredis.ClusterClient)
-		if !ok {
-			t.Fatalf("client %T, want *redis.ClusterClient", c)
-		}
-		o := cc.Options()
-		if !reflect.DeepEqual(o.Addrs, []string{"n1:7000", "n2:7000"}) || o.Password != "p" {
-			t.Errorf("options %+v", o)
-		}
-		if o.TLSConfig == nil || o.TLSConfig.ServerName != "" {
-			t.Errorf("TLS %+v, want per-node verification (no fixed ServerName)", o.TLSConfig)
-		}
-	})
-	t.Run("sentinel", func(t *testing.T) {
-		// A Sentinel-backed failover client is a *redis.Client.
-		single(t, build(t, RedisStorage{Addresses: []string{"s1:26379", "s2:26379"}, MasterName: "m"}))
-	})
 }
 
 // TestRedisSecretsStayOutOfConfig provisions with {env.*} credentials:
@@ -338,20 +265,24 @@ func TestRedisSecretsStayOutOfConfig(t *testing.T) {
 	if strings.Contains(string(b), secret) || !strings.Contains(string(b), "{env.IDEM_TEST_REDIS_SECRET}") {
 		t.Errorf("module JSON %s: want the placeholder, not the secret", b)
 	}
-	if strings.Contains(r.poolKey, secret) {
-		t.Errorf("pool key %q holds the secret", r.poolKey)
+	if strings.Contains(r.key, secret) {
+		t.Errorf("pool key %q holds the secret", r.key)
 	}
 	cfg, err := r.resolve()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Password != secret || cfg.Username != secret {
-		t.Errorf("resolved credentials %q %q", cfg.Username, cfg.Password)
+	if cfg.Client.Password != secret || cfg.Client.Username != secret {
+		t.Errorf("resolved credentials %q %q", cfg.Client.Username, cfg.Client.Password)
 	}
 	// Another secret is another client.
-	key, _ := storeKey("redis", cfg)
-	cfg.Password = "other"
-	if other, _ := storeKey("redis", cfg); other == key {
+	t.Setenv("IDEM_TEST_REDIS_SECRET", "other")
+	other := &RedisStorage{URL: r.URL, Username: r.Username, Password: r.Password, KeyPrefix: r.KeyPrefix}
+	if err := other.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer other.Cleanup()
+	if other.key == r.key || other.Store() == r.Store() {
 		t.Error("two passwords share a pool key")
 	}
 }

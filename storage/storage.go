@@ -9,6 +9,9 @@ package storage
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"math/rand/v2"
 	"net/http"
@@ -45,6 +48,29 @@ type Key struct {
 
 	// ID is the client's idempotency key, unquoted.
 	ID string
+}
+
+// Digest returns the SHA-256 of the key: the scope length-prefixed, then
+// the ID, so that no two keys hash the same input, whatever bytes they
+// hold. It is the one identity of a record wherever a name must not reveal
+// the key or the client: the memory store's map, the Redis key name, and
+// (see Hash) the key_hash of logs and the admin API.
+func (k Key) Digest() [sha256.Size]byte {
+	var stack [512]byte
+	in := binary.AppendUvarint(stack[:0], uint64(len(k.Scope)))
+	in = append(in, k.Scope...)
+	in = append(in, k.ID...)
+	return sha256.Sum256(in)
+}
+
+// HashLen is the length of Key.Hash, in hex digits.
+const HashLen = 16
+
+// Hash returns the first 8 bytes of the key's Digest in hex: the key_hash
+// that logs, placeholders and the admin API name a record by.
+func (k Key) Hash() string {
+	d := k.Digest()
+	return hex.EncodeToString(d[:HashLen/2])
 }
 
 // Token names one lease on an in-flight record. Stores create a fresh random

@@ -18,7 +18,6 @@ package memory
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"hash/maphash"
 	"math"
 	"sync"
@@ -160,22 +159,14 @@ func (s *Store) at(ns int64) time.Time {
 	return s.base.Add(time.Duration(ns))
 }
 
-// recordID names a record inside the store: the SHA-256 of its key. Maps
-// keyed by it hold no pointers (the key's strings would be two per record
-// for every garbage collection to scan), and its first byte, uniformly
-// spread, picks the shard.
+// recordID names a record inside the store: its key's Digest. Maps keyed
+// by it hold no pointers (the key's strings would be two per record for
+// every garbage collection to scan), and its first byte, uniformly spread,
+// picks the shard.
 type recordID [sha256.Size]byte
-
-func idOf(key storage.Key) recordID {
-	var stack [512]byte
-	in := binary.AppendUvarint(stack[:0], uint64(len(key.Scope)))
-	in = append(in, key.Scope...)
-	in = append(in, key.ID...)
-	return sha256.Sum256(in)
-}
 
 // shardFor returns the shard and the id of key.
 func (s *Store) shardFor(key storage.Key) (*shard, recordID) {
-	id := idOf(key)
+	id := recordID(key.Digest())
 	return &s.shards[id[0]&(numShards-1)], id
 }

@@ -45,8 +45,6 @@ package redis
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"sync"
@@ -129,15 +127,10 @@ func (s *Store) Close() error {
 	return s.closeErr
 }
 
-// keyName returns the Redis key of a record: the prefix and 32 hex digits.
-// The scope is length-prefixed so that no two (scope, id) pairs hash the
-// same input, whatever bytes they hold.
+// keyName returns the Redis key of a record: the prefix and the hex of the
+// first 16 bytes of the key's Digest.
 func (s *Store) keyName(key storage.Key) string {
-	var stack [256]byte
-	in := binary.AppendUvarint(stack[:0], uint64(len(key.Scope)))
-	in = append(in, key.Scope...)
-	in = append(in, key.ID...)
-	sum := sha256.Sum256(in)
+	sum := key.Digest()
 	out := make([]byte, len(s.prefix)+32)
 	copy(out, s.prefix)
 	hex.Encode(out[len(s.prefix):], sum[:16])

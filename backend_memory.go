@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"fmt"
-	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -15,13 +14,10 @@ func init() {
 	caddy.RegisterModule(MemoryStorage{})
 }
 
-// defaultMaxKeys bounds the memory store when max_keys is not set.
-const defaultMaxKeys = 1_000_000
-
 // MemoryStorage keeps idempotency records in this Caddy process. It is the
 // default: nothing to set up, but records are not shared with other
 // instances and are lost when the process exits (they survive config
-// reloads). Handlers with the same max_keys share one store.
+// reloads). Handlers with the same settings share one store.
 type MemoryStorage struct {
 	// The most records kept at once. When the store is full, expired
 	// records are dropped first; if it is still full, requests with a new
@@ -37,8 +33,7 @@ type MemoryStorage struct {
 	// under one credential. Default: 10000.
 	MaxKeysPerScope int `json:"max_keys_per_scope,omitempty"`
 
-	store   storage.Store
-	poolKey string
+	pooledBackend
 }
 
 // CaddyModule returns the Caddy module information.
@@ -49,45 +44,30 @@ func (MemoryStorage) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision takes the shared memory store for this configuration.
+// Provision takes the shared memory store for these settings.
 func (m *MemoryStorage) Provision(caddy.Context) error {
-	if m.MaxKeys == 0 {
-		m.MaxKeys = defaultMaxKeys
-	}
-	if m.MaxKeysPerScope == 0 {
-		m.MaxKeysPerScope = memory.DefaultMaxKeysPerScope
-	}
-	if m.MaxKeys < 0 {
-		return fmt.Errorf("max_keys must be positive, got %d", m.MaxKeys)
-	}
-	if m.MaxKeysPerScope < 0 {
-		return fmt.Errorf("max_keys_per_scope must be positive, got %d", m.MaxKeysPerScope)
-	}
-	key := "memory:" + strconv.Itoa(m.MaxKeys)
-	if m.MaxKeysPerScope != memory.DefaultMaxKeysPerScope {
-		key += ":" + strconv.Itoa(m.MaxKeysPerScope)
-	}
-	store, err := acquireStore("memory", key, func() (storage.Store, error) {
-		return memory.New(memory.Options{MaxKeys: m.MaxKeys, MaxKeysPerScope: m.MaxKeysPerScope}), nil
-	})
-	if err != nil {
+	if err := m.check(); err != nil {
 		return err
 	}
-	m.store, m.poolKey = store, key
-	return nil
+	opts := memory.Options{MaxKeys: m.MaxKeys, MaxKeysPerScope: m.MaxKeysPerScope}
+	if opts.MaxKeys == 0 {
+		opts.MaxKeys = memory.DefaultMaxKeys
+	}
+	if opts.MaxKeysPerScope == 0 {
+		opts.MaxKeysPerScope = memory.DefaultMaxKeysPerScope
+	}
+	return m.acquire("memory", opts, func() (storage.Store, error) { return memory.New(opts), nil })
 }
 
-// Store implements StorageBackend.
-func (m *MemoryStorage) Store() storage.Store { return m.store }
-
-// Cleanup drops this handler's reference to the shared store.
-func (m *MemoryStorage) Cleanup() error {
-	if m.poolKey == "" {
-		return nil
+// check reports configuration errors; zero values are the defaults.
+func (m *MemoryStorage) check() error {
+	switch {
+	case m.MaxKeys < 0:
+		return fmt.Errorf("memory storage: max_keys must be positive, got %d", m.MaxKeys)
+	case m.MaxKeysPerScope < 0:
+		return fmt.Errorf("memory storage: max_keys_per_scope must be positive, got %d", m.MaxKeysPerScope)
 	}
-	key := m.poolKey
-	m.poolKey, m.store = "", nil
-	return releaseStore(key)
+	return nil
 }
 
 // UnmarshalCaddyfile parses
@@ -98,21 +78,18 @@ func (m *MemoryStorage) Cleanup() error {
 //	}
 func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the backend name
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := noArgs(d); err != nil {
+		return err
 	}
-	return eachOption(d, "", nil, func(opt string) error {
-		var err error
+	return eachOption(d, "memory storage ", nil, func(opt string) error {
 		switch opt {
 		case "max_keys":
-			m.MaxKeys, err = intArg(d)
+			return intArg(d, &m.MaxKeys)
 		case "max_keys_per_scope":
-			m.MaxKeysPerScope, err = intArg(d)
-		default:
-			return d.Errf("unrecognized memory storage option '%s'", opt)
+			return intArg(d, &m.MaxKeysPerScope)
 		}
-		return err
-	})
+		return d.Errf("unrecognized memory storage option '%s'", opt)
+	}, m.check)
 }
 
 // Interface guards
@@ -121,4 +98,5 @@ var (
 	_ caddy.CleanerUpper    = (*MemoryStorage)(nil)
 	_ caddyfile.Unmarshaler = (*MemoryStorage)(nil)
 	_ StorageBackend        = (*MemoryStorage)(nil)
+	_ StoreHolder           = (*MemoryStorage)(nil)
 )

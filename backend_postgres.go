@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -79,12 +80,11 @@ type PostgresStorage struct {
 	// the database. Off by default.
 	ReplayCache *ReplayCache `json:"replay_cache,omitempty"`
 
-	store   storage.Store
-	poolKey string
+	pooledBackend
 }
 
 // postgresConfig is what names a pool: the resolved configuration. It is
-// only ever hashed (storeKey), so the resolved DSN never leaves memory.
+// only ever hashed, so the resolved DSN never leaves memory.
 type postgresConfig struct {
 	DSN             string         `json:"dsn"`
 	Table           string         `json:"table"`
@@ -107,81 +107,76 @@ func (PostgresStorage) CaddyModule() caddy.ModuleInfo {
 // for this configuration, building its pool on first use. It never
 // connects, so PostgreSQL being down does not fail it.
 func (p *PostgresStorage) Provision(caddy.Context) error {
-	if p.Table == "" {
-		p.Table = postgres.DefaultTable
+	if p.DSN == "" {
+		return errors.New("postgres storage: dsn is required")
 	}
+	if err := p.check(); err != nil {
+		return err
+	}
+	p.Table = cmp.Or(p.Table, postgres.DefaultTable)
 	if p.CreateTable == nil {
 		yes := true
 		p.CreateTable = &yes
 	}
-	if p.CleanupInterval == 0 {
-		p.CleanupInterval = caddy.Duration(postgres.DefaultCleanupInterval)
-	}
-	if p.Timeout == 0 {
-		p.Timeout = caddy.Duration(defaultPostgresTimeout)
-	}
-	if err := p.validate(); err != nil {
-		return err
-	}
-	// ReplaceKnown, not ReplaceAll: a password may contain braces that are
-	// not a placeholder.
-	dsn := caddy.NewReplacer().ReplaceKnown(p.DSN, "")
-	if strings.TrimSpace(dsn) == "" {
-		return errors.New("postgres storage: dsn is empty once placeholders are resolved")
-	}
-	cfg, err := postgres.NewPoolConfig(dsn, p.MaxConns)
-	if err != nil {
-		return fmt.Errorf("postgres storage: %w", err)
-	}
-	opts := postgres.Options{
+	p.CleanupInterval = cmp.Or(p.CleanupInterval, caddy.Duration(postgres.DefaultCleanupInterval))
+	p.Timeout = cmp.Or(p.Timeout, caddy.Duration(defaultPostgresTimeout))
+	cfg := postgresConfig{
+		// ReplaceKnown, not ReplaceAll: a password may contain braces
+		// that are not a placeholder.
+		DSN:             caddy.NewReplacer().ReplaceKnown(p.DSN, ""),
 		Table:           p.Table,
 		CreateTable:     *p.CreateTable,
 		CleanupInterval: time.Duration(p.CleanupInterval),
+		MaxConns:        p.MaxConns,
 		Timeout:         time.Duration(p.Timeout),
-		OnCleanup:       logCleanup(p.Table),
+		Cache:           p.ReplayCache.options(),
 	}
-	key, err := storeKey("postgres", postgresConfig{dsn, p.Table, *p.CreateTable, time.Duration(p.CleanupInterval), p.MaxConns, time.Duration(p.Timeout), p.ReplayCache.config()})
+	if strings.TrimSpace(cfg.DSN) == "" {
+		return errors.New("postgres storage: dsn is empty once placeholders are resolved")
+	}
+	poolCfg, err := postgres.NewPoolConfig(cfg.DSN, cfg.MaxConns)
 	if err != nil {
-		return err
+		return fmt.Errorf("postgres storage: %w", err)
 	}
-	store, err := acquireStore("postgres", key, func() (storage.Store, error) {
+	return p.acquire("postgres", cfg, func() (storage.Store, error) {
 		// No connection is made here: pgxpool connects on first use.
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 		if err != nil {
 			return nil, fmt.Errorf("postgres storage: %w", err)
 		}
-		s, err := postgres.New(pool, opts)
+		s, err := postgres.New(pool, postgres.Options{
+			Table:           cfg.Table,
+			CreateTable:     cfg.CreateTable,
+			CleanupInterval: cfg.CleanupInterval,
+			Timeout:         cfg.Timeout,
+			OnCleanup:       logCleanup(cfg.Table),
+		})
 		if err != nil {
 			pool.Close()
 			return nil, err
 		}
-		return wrapCache(s, p.ReplayCache.config()), nil
+		return withReplayCache(s, cfg.Cache), nil
 	})
-	if err != nil {
-		return err
-	}
-	p.store, p.poolKey = store, key
-	return nil
 }
 
-// validate checks the settings that need no resolving.
-func (p *PostgresStorage) validate() error {
+// check reports configuration errors that need no placeholder resolved;
+// zero values are the defaults (the dsn, which is required, is checked
+// by Provision: in a Caddyfile block it may come last).
+func (p *PostgresStorage) check() error {
 	switch {
-	case p.DSN == "":
-		return errors.New("postgres storage: dsn is required")
 	case p.CleanupInterval < 0:
 		return fmt.Errorf("postgres storage: cleanup_interval must be positive, got %s", time.Duration(p.CleanupInterval))
 	case p.MaxConns < 0 || p.MaxConns > math.MaxInt32:
 		return fmt.Errorf("postgres storage: max_conns must be a positive number, got %d", p.MaxConns)
 	case p.Timeout < 0:
 		return fmt.Errorf("postgres storage: timeout must be positive, got %s", time.Duration(p.Timeout))
-	case p.ReplayCache.validate() != nil:
-		return fmt.Errorf("postgres storage: %w", p.ReplayCache.validate())
 	}
-	if _, err := postgres.Schema(p.Table); err != nil {
-		return fmt.Errorf("postgres storage: %w", err)
+	if p.Table != "" {
+		if _, err := postgres.Schema(p.Table); err != nil {
+			return fmt.Errorf("postgres storage: %w", err)
+		}
 	}
-	return nil
+	return p.ReplayCache.check("postgres storage")
 }
 
 // logCleanup reports the periodic cleanups of a pool. The pool outlives
@@ -201,20 +196,6 @@ func logCleanup(table string) func(int64, error) {
 	}
 }
 
-// Store implements StorageBackend.
-func (p *PostgresStorage) Store() storage.Store { return p.store }
-
-// Cleanup drops this handler's reference to the shared store; the last one
-// closes its pool. It tolerates a half-provisioned module.
-func (p *PostgresStorage) Cleanup() error {
-	if p.poolKey == "" {
-		return nil
-	}
-	key := p.poolKey
-	p.poolKey, p.store = "", nil
-	return releaseStore(key)
-}
-
 // UnmarshalCaddyfile parses
 //
 //	storage postgres {
@@ -228,39 +209,30 @@ func (p *PostgresStorage) Cleanup() error {
 //	}
 func (p *PostgresStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the backend name
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := noArgs(d); err != nil {
+		return err
 	}
-	return eachOption(d, "postgres storage: ", nil, func(opt string) error {
+	return eachOption(d, "postgres storage ", nil, func(opt string) error {
 		var err error
 		switch opt {
 		case "dsn":
-			err = stringArg(d, &p.DSN)
+			return stringArg(d, &p.DSN)
 		case "table":
-			if err = stringArg(d, &p.Table); err == nil {
-				if _, verr := postgres.Schema(p.Table); verr != nil {
-					err = d.Errf("table: %v", verr)
-				}
-			}
+			return stringArg(d, &p.Table)
 		case "create_table":
-			var v string
-			if err = oneOfArg(d, &v, "true", "false"); err == nil {
-				b := v == "true"
-				p.CreateTable = &b
-			}
+			return boolArg(d, &p.CreateTable)
 		case "cleanup_interval":
-			err = durationArg(d, &p.CleanupInterval)
+			return durationArg(d, &p.CleanupInterval)
 		case "max_conns":
-			p.MaxConns, err = intArg(d)
+			return intArg(d, &p.MaxConns)
 		case "timeout":
-			err = durationArg(d, &p.Timeout)
+			return durationArg(d, &p.Timeout)
 		case "replay_cache":
 			p.ReplayCache, err = parseReplayCache(d)
-		default:
-			return d.Errf("unrecognized postgres storage option '%s'", opt)
+			return err
 		}
-		return err
-	})
+		return d.Errf("unrecognized postgres storage option '%s'", opt)
+	}, p.check)
 }
 
 // Interface guards
@@ -269,4 +241,5 @@ var (
 	_ caddy.CleanerUpper    = (*PostgresStorage)(nil)
 	_ caddyfile.Unmarshaler = (*PostgresStorage)(nil)
 	_ StorageBackend        = (*PostgresStorage)(nil)
+	_ StoreHolder           = (*PostgresStorage)(nil)
 )

@@ -1,0 +1,313 @@
+package idempotency
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
+	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
+)
+
+func init() {
+	caddy.RegisterModule(RedisStorage{})
+}
+
+// redisLogOnce installs redisLogger when the first Redis backend is
+// provisioned.
+var redisLogOnce sync.Once
+
+// redisLogger forwards go-redis's internal messages (pool and pub/sub
+// trouble, which it would print to stderr on its own) to Caddy's logger at
+// debug level: the store's callers already report what a failure means for
+// the request. go-redis has one logger per process, so this is installed
+// only once a Redis backend is in use.
+type redisLogger struct{}
+
+func (redisLogger) Printf(_ context.Context, format string, v ...any) {
+	if c := caddy.Log().Named("idempotency.redis").Check(zapcore.DebugLevel, fmt.Sprintf(format, v...)); c != nil {
+		c.Write()
+	}
+}
+
+// RedisStorage keeps idempotency records in Redis, shared by every Caddy
+// instance that points at it: a single node (url), a Redis Cluster
+// (several addresses) or a Sentinel-managed primary (master_name and the
+// Sentinel addresses). A new key costs two round trips and a replay one.
+//
+// Handlers with the same Redis configuration share one client and its
+// connection pool, kept across config reloads. Caddy starts and reloads
+// while Redis is down: requests then follow the handler's
+// on_storage_error until it is back.
+//
+// url, addresses and the user names and passwords accept placeholders such as
+// {env.REDIS_PASSWORD} or {file./run/secrets/redis}, resolved once at
+// provisioning; the resolved values never appear in the config.
+type RedisStorage struct {
+	// The Redis server as a URL: redis://[user:password@]host[:port][/db],
+	// rediss:// for TLS, or unix:///path/to/socket. Query parameters
+	// configure the go-redis client (for example protocol=2 or
+	// skip_verify=true). Default: redis://127.0.0.1:6379/0 when addresses
+	// is not set either. Not together with addresses.
+	URL string `json:"url,omitempty"`
+
+	// Nodes as host:port, or as redis://host:port or rediss://host:port
+	// (TLS; all alike). Several addresses mean a Redis Cluster (these seed
+	// it; the rest of the cluster is discovered), or the Sentinels when
+	// master_name is set. A single address is a single node. An entry may
+	// hold several addresses separated by commas or spaces (handy with one
+	// {env.*} placeholder). Not together with url.
+	Addresses []string `json:"addresses,omitempty"`
+
+	// The name of the primary that the Sentinels at addresses monitor.
+	// The client asks the Sentinels for the current primary and follows
+	// failovers.
+	MasterName string `json:"master_name,omitempty"`
+
+	// The ACL user name for the Sentinels themselves, when they require
+	// one (username and password are the data nodes'). Needs master_name.
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+
+	// The password for the Sentinels themselves, when they set
+	// requirepass (password is the data nodes'). Needs master_name. Use a
+	// placeholder such as {env.REDIS_SENTINEL_PASSWORD}.
+	SentinelPassword string `json:"sentinel_password,omitempty"`
+
+	// The ACL user name (Redis 6 and later). Not together with a user in url.
+	Username string `json:"username,omitempty"`
+
+	// The password (of username, or the requirepass one). Not together
+	// with a password in url. Use a placeholder such as
+	// {env.REDIS_PASSWORD} to keep it out of the config.
+	Password string `json:"password,omitempty"`
+
+	// Starts the name of every key and pub/sub channel this storage uses.
+	// Handlers with different prefixes never see each other's records.
+	// Default: "idempotency:".
+	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// The most connections per Redis node. Default: go-redis's, ten per
+	// CPU.
+	PoolSize int `json:"pool_size,omitempty"`
+
+	// How long opening one connection may take. Default: 1s.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+
+	// How long one store operation may take, connecting and retries
+	// included, before the request gets the on_storage_error treatment.
+	// Also the read and write timeout of each command. Default: 2s.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// Keep completed records in this process too, so that replays skip
+	// Redis. Off by default.
+	ReplayCache *ReplayCache `json:"replay_cache,omitempty"`
+
+	pooledBackend
+}
+
+// CaddyModule returns the Caddy module information.
+func (RedisStorage) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.idempotency.storage.redis",
+		New: func() caddy.Module { return new(RedisStorage) },
+	}
+}
+
+// Provision resolves placeholders, checks the configuration and takes the
+// shared store for it. It does not contact Redis, so that an outage does
+// not fail a config load or reload.
+func (r *RedisStorage) Provision(caddy.Context) error {
+	redisLogOnce.Do(func() { goredis.SetLogger(redisLogger{}) })
+	if err := r.check(); err != nil {
+		return err
+	}
+	cfg, err := r.resolve()
+	if err != nil {
+		return err
+	}
+	return r.acquire("redis", cfg, func() (storage.Store, error) {
+		client, err := redisstore.NewClient(cfg.Client)
+		if err != nil {
+			return nil, err
+		}
+		store := redisstore.New(client, redisstore.Options{KeyPrefix: cfg.KeyPrefix, Timeout: cmp.Or(cfg.Client.Timeout, redisstore.DefaultTimeout)})
+		return withReplayCache(store, cfg.Cache), nil
+	})
+}
+
+// redisConfig is a RedisStorage with placeholders resolved: what the
+// store is built from and, hashed, what names it in the pool.
+type redisConfig struct {
+	Client    redisstore.ClientOptions
+	KeyPrefix string
+	Cache     *cache.Options
+}
+
+// options returns the client options of r, each string passed through
+// resolve (placeholders, or nothing).
+func (r *RedisStorage) options(resolve func(string) string) redisstore.ClientOptions {
+	o := redisstore.ClientOptions{
+		URL:              resolve(r.URL),
+		MasterName:       resolve(r.MasterName),
+		Username:         resolve(r.Username),
+		Password:         resolve(r.Password),
+		SentinelUsername: resolve(r.SentinelUsername),
+		SentinelPassword: resolve(r.SentinelPassword),
+		PoolSize:         r.PoolSize,
+		DialTimeout:      time.Duration(r.DialTimeout),
+		Timeout:          time.Duration(r.Timeout),
+	}
+	for _, a := range r.Addresses {
+		o.Addrs = append(o.Addrs, resolve(a))
+	}
+	return o
+}
+
+// check reports configuration errors that need no placeholder resolved:
+// a url or an address that holds one is checked once resolved.
+func (r *RedisStorage) check() error {
+	o := r.options(func(s string) string { return s })
+	if strings.Contains(o.URL, "{") {
+		o.URL = "redis://placeholder"
+	}
+	for i, a := range o.Addrs {
+		if strings.Contains(a, "{") {
+			o.Addrs[i] = "placeholder:6379"
+		}
+	}
+	if err := o.Check(); err != nil {
+		return err
+	}
+	return r.ReplayCache.check("redis storage")
+}
+
+// resolve resolves r's placeholders and checks the result. ReplaceKnown
+// rather than ReplaceAll: a brace in a literal password that is not a
+// placeholder stays as written. Errors never quote url, usernames or
+// passwords, which may hold secrets.
+func (r *RedisStorage) resolve() (redisConfig, error) {
+	repl := caddy.NewReplacer()
+	cfg := redisConfig{
+		Client:    r.options(func(s string) string { return repl.ReplaceKnown(s, "") }),
+		KeyPrefix: cmp.Or(r.KeyPrefix, redisstore.DefaultKeyPrefix),
+		Cache:     r.ReplayCache.options(),
+	}
+	switch {
+	case r.URL != "" && cfg.Client.URL == "":
+		return redisConfig{}, errors.New("redis storage: url is empty once its placeholders are replaced")
+	case cfg.Client.URL == "" && len(cfg.Client.Addrs) == 0:
+		cfg.Client.URL = redisstore.DefaultURL
+	}
+	return cfg, cfg.Client.Check()
+}
+
+// UnmarshalCaddyfile parses
+//
+//	storage redis [<url>] {
+//	    url <redis://...|rediss://...|unix://...>
+//	    addresses <host:port...>
+//	    master_name <name>
+//	    sentinel_username <user>
+//	    sentinel_password <password>
+//	    username <user>
+//	    password <password>
+//	    key_prefix <prefix>
+//	    pool_size <n>
+//	    dial_timeout <duration>
+//	    timeout <duration>
+//	}
+func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume the backend name
+	seen := make(map[string]bool)
+	if d.NextArg() {
+		r.URL = d.Val()
+		seen["url"] = true
+		if err := noArgs(d); err != nil {
+			return err
+		}
+		if err := r.check(); err != nil {
+			return d.Err(err.Error())
+		}
+	}
+	// master_name and the Sentinel credentials need options that may come
+	// later in the block: the rules of check that relate options to each
+	// other run once the block is read, and an error names the line of
+	// the option it is about.
+	at := make(map[string]string)
+	err := eachOption(d, "redis storage ", seen, func(opt string) error {
+		at[opt] = fmt.Sprintf("%s:%d", d.File(), d.Line())
+		var err error
+		switch opt {
+		case "url":
+			return stringArg(d, &r.URL)
+		case "addresses":
+			return argsList(d, &r.Addresses)
+		case "master_name":
+			return stringArg(d, &r.MasterName)
+		case "sentinel_username":
+			return stringArg(d, &r.SentinelUsername)
+		case "sentinel_password":
+			return stringArg(d, &r.SentinelPassword)
+		case "username":
+			return stringArg(d, &r.Username)
+		case "password":
+			return stringArg(d, &r.Password)
+		case "key_prefix":
+			return stringArg(d, &r.KeyPrefix)
+		case "pool_size":
+			return intArg(d, &r.PoolSize)
+		case "dial_timeout":
+			return durationArg(d, &r.DialTimeout)
+		case "timeout":
+			return durationArg(d, &r.Timeout)
+		case "replay_cache":
+			r.ReplayCache, err = parseReplayCache(d)
+			return err
+		}
+		return d.Errf("unrecognized redis storage option '%s'", opt)
+	}, r.checkSoFar)
+	if err != nil {
+		return err
+	}
+	if err := r.check(); err != nil {
+		opt, _, _ := strings.Cut(strings.TrimPrefix(err.Error(), "redis storage: "), " ")
+		if where, ok := at[opt]; ok {
+			return fmt.Errorf("%w, at %s", err, where)
+		}
+		return d.Err(err.Error())
+	}
+	return nil
+}
+
+// checkSoFar is check without the rules that need an option a later line
+// may still give (master_name needs addresses; the Sentinel credentials
+// need master_name).
+func (r *RedisStorage) checkSoFar() error {
+	partial := *r
+	if partial.MasterName != "" && len(partial.Addresses) == 0 {
+		partial.MasterName = ""
+	}
+	if partial.MasterName == "" {
+		partial.SentinelUsername, partial.SentinelPassword = "", ""
+	}
+	return partial.check()
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*RedisStorage)(nil)
+	_ caddy.CleanerUpper    = (*RedisStorage)(nil)
+	_ caddyfile.Unmarshaler = (*RedisStorage)(nil)
+	_ StorageBackend        = (*RedisStorage)(nil)
+	_ StoreHolder           = (*RedisStorage)(nil)
+)

@@ -1,0 +1,260 @@
+package redis
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+	"unicode"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Client defaults, for ClientOptions fields left zero.
+const (
+	DefaultURL         = "redis://127.0.0.1:6379/0"
+	DefaultTimeout     = 2 * time.Second
+	DefaultDialTimeout = time.Second
+)
+
+// ClientOptions describe the Redis deployment a Store talks to: a single
+// node (URL, or one address), a Redis Cluster (several addresses) or a
+// Sentinel-managed primary (MasterName and the Sentinels' addresses).
+// NewClient builds the go-redis client from them; Check reports what is
+// wrong with them. Errors never quote URL, user names or passwords, which
+// may hold secrets.
+type ClientOptions struct {
+	// URL is redis://[user:password@]host[:port][/db], rediss:// for TLS,
+	// or unix:///path; its query parameters configure the client as
+	// go-redis's ParseURL reads them. Not together with Addrs. Default,
+	// when Addrs is empty too: DefaultURL.
+	URL string
+
+	// Addrs are host:port, or redis://host:port, rediss://host:port (all
+	// of one kind). An entry may hold several addresses separated by
+	// commas or spaces. Several addresses are a Cluster, or the Sentinels
+	// with MasterName.
+	Addrs []string
+
+	// MasterName is the primary the Sentinels at Addrs monitor.
+	MasterName string
+
+	// Username and Password authenticate to the data nodes; not together
+	// with a user or password in URL.
+	Username, Password string
+
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels
+	// themselves; they need MasterName.
+	SentinelUsername, SentinelPassword string
+
+	// PoolSize is the most connections per node (default: go-redis's).
+	PoolSize int
+
+	// DialTimeout bounds opening one connection (default DefaultDialTimeout).
+	DialTimeout time.Duration
+
+	// Timeout is the read and write timeout of each command (default
+	// DefaultTimeout); give the Store the same as Options.Timeout.
+	Timeout time.Duration
+
+	// TLS configures TLS for rediss:// URLs and addresses; nil means
+	// certificates are checked against the system roots and the host
+	// dialled. With a redis:// URL or plain addresses it turns TLS on.
+	TLS *tls.Config
+}
+
+// Check reports what is wrong with o, without touching the network.
+func (o ClientOptions) Check() error {
+	switch {
+	case o.URL != "" && len(o.Addrs) > 0:
+		return errors.New("redis storage: url and addresses are mutually exclusive")
+	case o.MasterName != "" && len(o.Addrs) == 0:
+		return errors.New("redis storage: master_name needs addresses (the Sentinels)")
+	case o.MasterName == "" && o.SentinelUsername != "":
+		return errors.New("redis storage: sentinel_username needs master_name")
+	case o.MasterName == "" && o.SentinelPassword != "":
+		return errors.New("redis storage: sentinel_password needs master_name")
+	case o.PoolSize < 0:
+		return fmt.Errorf("redis storage: pool_size must be positive, got %d", o.PoolSize)
+	case o.DialTimeout < 0:
+		return fmt.Errorf("redis storage: dial_timeout must be positive, got %v", o.DialTimeout)
+	case o.Timeout < 0:
+		return fmt.Errorf("redis storage: timeout must be positive, got %v", o.Timeout)
+	}
+	if len(o.Addrs) > 0 {
+		_, _, err := ParseAddresses(o.Addrs)
+		return err
+	}
+	if o.URL != "" {
+		return CheckURL(o.URL, o.Username != "", o.Password != "")
+	}
+	return nil
+}
+
+// CheckURL checks what go-redis's ParseURL would say about u, and that a
+// user or password is not given both in u and on its own (hasUsername,
+// hasPassword).
+func CheckURL(u string, hasUsername, hasPassword bool) error {
+	if !strings.Contains(u, "://") {
+		return errors.New(`redis storage: url must start with a scheme: redis://host:port, rediss://host:port or unix:///path`)
+	}
+	parsed, err := url.Parse(u)
+	if err != nil {
+		// url.Error quotes the whole URL, password included: keep only
+		// the reason.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("redis storage: invalid url: %v", err)
+	}
+	if _, err := goredis.ParseURL(u); err != nil {
+		return fmt.Errorf("redis storage: invalid url: %v", err)
+	}
+	if parsed.Scheme != "unix" && parsed.Hostname() == "" {
+		return errors.New("redis storage: invalid url: no host")
+	}
+	if parsed.User != nil {
+		if hasUsername && parsed.User.Username() != "" {
+			return errors.New("redis storage: a user is set both in url and in username")
+		}
+		if _, has := parsed.User.Password(); has && hasPassword {
+			return errors.New("redis storage: a password is set both in url and in password")
+		}
+	}
+	return nil
+}
+
+// ParseAddresses splits and checks addresses: host:port, or redis:// or
+// rediss:// URLs of host and port only, all of one kind; useTLS reports
+// rediss://.
+func ParseAddresses(entries []string) (addrs []string, useTLS bool, err error) {
+	scheme := ""
+	for _, entry := range entries {
+		fields := strings.FieldsFunc(entry, func(c rune) bool { return c == ',' || unicode.IsSpace(c) })
+		if len(fields) == 0 {
+			return nil, false, errors.New("redis storage: an address is empty")
+		}
+		for _, a := range fields {
+			if strings.Contains(a, "@") {
+				// Never quoted: it may hold a password.
+				return nil, false, errors.New("redis storage: an address must be host:port, redis://host:port or rediss://host:port, without credentials (use username and password)")
+			}
+			s, hostport := "", a
+			if before, after, ok := strings.Cut(a, "://"); ok {
+				u, err := url.Parse(a)
+				if err != nil || (before != "redis" && before != "rediss") || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+					return nil, false, fmt.Errorf("redis storage: address %q must be host:port, redis://host:port or rediss://host:port", a)
+				}
+				s, hostport = before, strings.TrimSuffix(after, "/")
+			}
+			if scheme == "" {
+				scheme = s
+				if scheme == "" {
+					scheme = "redis"
+				}
+			} else if (s == "rediss") != (scheme == "rediss") {
+				return nil, false, errors.New("redis storage: addresses mix TLS (rediss://) and plain ones")
+			}
+			host, port, err := net.SplitHostPort(hostport)
+			if err != nil || host == "" || port == "" {
+				return nil, false, fmt.Errorf("redis storage: address %q must be host:port", a)
+			}
+			addrs = append(addrs, hostport)
+		}
+	}
+	return addrs, scheme == "rediss", nil
+}
+
+// NewClient builds the go-redis client o describes. It connects lazily:
+// building one never touches the network.
+func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
+	if err := o.Check(); err != nil {
+		return nil, err
+	}
+	timeout := orDefault(o.Timeout, DefaultTimeout)
+	dialTimeout := orDefault(o.DialTimeout, DefaultDialTimeout)
+	if len(o.Addrs) == 0 {
+		u := o.URL
+		if u == "" {
+			u = DefaultURL
+		}
+		opt, err := goredis.ParseURL(u)
+		if err != nil {
+			return nil, fmt.Errorf("redis storage: invalid url: %v", err)
+		}
+		if o.Username != "" {
+			opt.Username = o.Username
+		}
+		if o.Password != "" {
+			opt.Password = o.Password
+		}
+		if o.PoolSize > 0 {
+			opt.PoolSize = o.PoolSize
+		}
+		if o.DialTimeout > 0 || opt.DialTimeout == 0 {
+			opt.DialTimeout = dialTimeout
+		}
+		if o.TLS != nil {
+			opt.TLSConfig = withServerName(o.TLS, opt.TLSConfig)
+		}
+		opt.ReadTimeout, opt.WriteTimeout = timeout, timeout
+		opt.ContextTimeoutEnabled = true
+		opt.DialerRetries = 1
+		return goredis.NewClient(opt), nil
+	}
+	addrs, useTLS, _ := ParseAddresses(o.Addrs) // checked
+	opt := &goredis.UniversalOptions{
+		Addrs:            addrs,
+		MasterName:       o.MasterName,
+		Username:         o.Username,
+		Password:         o.Password,
+		SentinelUsername: o.SentinelUsername,
+		SentinelPassword: o.SentinelPassword,
+		PoolSize:         o.PoolSize,
+		DialTimeout:      dialTimeout,
+		ReadTimeout:      timeout,
+		WriteTimeout:     timeout,
+		// The store bounds each operation with a context deadline
+		// (timeout); the client must honour it on the socket too.
+		ContextTimeoutEnabled: true,
+		// Each command is already retried (MaxRetries) on a fresh
+		// connection; retrying every dial on top would multiply the time
+		// a request waits while Redis is down.
+		DialerRetries: 1,
+	}
+	switch {
+	case o.TLS != nil:
+		opt.TLSConfig = o.TLS.Clone()
+	case useTLS:
+		// No ServerName: each node's certificate is checked against the
+		// host it is dialled as.
+		opt.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return goredis.NewUniversalClient(opt), nil
+}
+
+// withServerName returns cfg for a single-node client whose URL may have
+// set TLS up already (rediss://): the ServerName the URL implies is kept
+// unless cfg names one.
+func withServerName(cfg, fromURL *tls.Config) *tls.Config {
+	out := cfg.Clone()
+	if out.ServerName == "" && fromURL != nil {
+		out.ServerName = fromURL.ServerName
+	}
+	if out.MinVersion == 0 {
+		out.MinVersion = tls.VersionTLS12
+	}
+	return out
+}
+
+// orDefault returns d, or def when d is zero.
+func orDefault(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}

@@ -1,0 +1,115 @@
+package redis_test
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage/redis"
+)
+
+// TestClientKinds checks how ClientOptions map onto go-redis: the client
+// kind, TLS, credentials and timeouts.
+func TestClientKinds(t *testing.T) {
+	single := func(t *testing.T, c goredis.UniversalClient) *goredis.Options {
+		t.Helper()
+		cl, ok := c.(*goredis.Client)
+		if !ok {
+			t.Fatalf("client %T, want *redis.Client", c)
+		}
+		return cl.Options()
+	}
+	build := func(t *testing.T, o redis.ClientOptions) goredis.UniversalClient {
+		t.Helper()
+		c, err := redis.NewClient(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+
+	t.Run("default", func(t *testing.T) {
+		o := single(t, build(t, redis.ClientOptions{}))
+		if o.Addr != "127.0.0.1:6379" || o.DB != 0 || o.TLSConfig != nil {
+			t.Errorf("options %+v", o)
+		}
+		if o.ReadTimeout != redis.DefaultTimeout || o.WriteTimeout != redis.DefaultTimeout || o.DialTimeout != redis.DefaultDialTimeout || !o.ContextTimeoutEnabled {
+			t.Errorf("timeouts read %v write %v dial %v context %v", o.ReadTimeout, o.WriteTimeout, o.DialTimeout, o.ContextTimeoutEnabled)
+		}
+	})
+	t.Run("rediss url", func(t *testing.T) {
+		o := single(t, build(t, redis.ClientOptions{URL: "rediss://cache.example:6380/2", Username: "u", Password: "p", PoolSize: 3, Timeout: 5 * time.Second}))
+		if o.Addr != "cache.example:6380" || o.DB != 2 || o.Username != "u" || o.Password != "p" || o.PoolSize != 3 {
+			t.Errorf("options %+v", o)
+		}
+		if o.TLSConfig == nil || o.TLSConfig.ServerName != "cache.example" {
+			t.Errorf("TLS %+v, want verification of cache.example", o.TLSConfig)
+		}
+		if o.ReadTimeout != 5*time.Second {
+			t.Errorf("read timeout %v", o.ReadTimeout)
+		}
+	})
+	t.Run("url credentials", func(t *testing.T) {
+		o := single(t, build(t, redis.ClientOptions{URL: "redis://u:p@cache?dial_timeout=3s"}))
+		if o.Username != "u" || o.Password != "p" || o.DialTimeout != 3*time.Second {
+			t.Errorf("user %q password %q dial %v", o.Username, o.Password, o.DialTimeout)
+		}
+	})
+	t.Run("one address", func(t *testing.T) {
+		o := single(t, build(t, redis.ClientOptions{Addrs: []string{"cache:6379"}}))
+		if o.Addr != "cache:6379" {
+			t.Errorf("addr %q", o.Addr)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := build(t, redis.ClientOptions{Addrs: []string{"rediss://n1:7000", "rediss://n2:7000"}, Password: "p"})
+		cc, ok := c.(*goredis.ClusterClient)
+		if !ok {
+			t.Fatalf("client %T, want *redis.ClusterClient", c)
+		}
+		o := cc.Options()
+		if !reflect.DeepEqual(o.Addrs, []string{"n1:7000", "n2:7000"}) || o.Password != "p" {
+			t.Errorf("options %+v", o)
+		}
+		if o.TLSConfig == nil || o.TLSConfig.ServerName != "" {
+			t.Errorf("TLS %+v, want per-node verification (no fixed ServerName)", o.TLSConfig)
+		}
+	})
+	t.Run("cluster from one entry", func(t *testing.T) {
+		c := build(t, redis.ClientOptions{Addrs: []string{"n1:7000, n2:7000 n3:7000"}})
+		if got := c.(*goredis.ClusterClient).Options().Addrs; !reflect.DeepEqual(got, []string{"n1:7000", "n2:7000", "n3:7000"}) {
+			t.Errorf("addrs %q", got)
+		}
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		// A Sentinel-backed failover client is a *redis.Client.
+		single(t, build(t, redis.ClientOptions{Addrs: []string{"s1:26379", "s2:26379"}, MasterName: "m"}))
+	})
+}
+
+func TestClientOptionsCheck(t *testing.T) {
+	for _, tt := range []struct {
+		o    redis.ClientOptions
+		want string
+	}{
+		{redis.ClientOptions{URL: "127.0.0.1:6379"}, "url must start with a scheme"},
+		{redis.ClientOptions{URL: "https://cache"}, "invalid url"},
+		{redis.ClientOptions{URL: "redis://:p@cache", Password: "q"}, "password is set both"},
+		{redis.ClientOptions{Addrs: []string{"redis://a:1", "rediss://b:1"}}, "mix TLS"},
+		{redis.ClientOptions{Addrs: []string{"nope"}}, "must be host:port"},
+		{redis.ClientOptions{Addrs: []string{"redis://u:p@a:1"}}, "without credentials"},
+		{redis.ClientOptions{MasterName: "m"}, "needs addresses"},
+	} {
+		err := tt.o.Check()
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Check(%+v) = %v, want an error mentioning %q", tt.o, err, tt.want)
+		}
+		if err != nil && strings.Contains(err.Error(), ":p@") {
+			t.Errorf("error %q quotes a password", err)
+		}
+	}
+}
