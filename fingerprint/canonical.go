@@ -32,7 +32,7 @@ const MaxDepth = 1000
 // in magnitude. Otherwise the error wraps ErrNotCanonical and the returned
 // slice holds dst's original bytes, possibly in a larger buffer.
 func AppendCanonicalJSON(dst, src []byte) ([]byte, error) {
-	out, fail := appendCanonical(dst, src)
+	out, fail := appendCanonical(dst, src, nil)
 	if fail.reason != "" {
 		return out, &canonicalError{fail}
 	}
@@ -69,6 +69,10 @@ const (
 	tagObject = '{' // then (string, value) pairs sorted by name
 	endArray  = ']'
 	endObject = '}'
+	// tagIgnored stands for an array element at an ignored pointer, so
+	// that the elements after it keep their positions. Ignored object
+	// members are left out altogether.
+	tagIgnored = 'x'
 )
 
 // parser is the state of one canonicalisation. Scratch space that outlives
@@ -80,6 +84,9 @@ type parser struct {
 	fail  syntaxFailure
 	depth int
 	sc    *scratch
+	// ignore is where the value being parsed lies among the ignored
+	// pointers: nil when none goes through it.
+	ignore *pointerTrie
 }
 
 // scratch holds the buffers an object needs to sort its members, reused
@@ -96,10 +103,11 @@ const maxPooledBytes = 1 << 20
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
-// appendCanonical is AppendCanonicalJSON with the failure as a plain value.
-func appendCanonical(dst, src []byte) ([]byte, syntaxFailure) {
+// appendCanonical is AppendCanonicalJSON with the failure as a plain value,
+// leaving out the values at the pointers in ignore.
+func appendCanonical(dst, src []byte, ignore *pointerTrie) ([]byte, syntaxFailure) {
 	sc := scratchPool.Get().(*scratch)
-	p := parser{src: src, dst: dst, sc: sc}
+	p := parser{src: src, dst: dst, sc: sc, ignore: ignore}
 	p.run()
 	if cap(sc.region) <= maxPooledBytes && cap(sc.members) <= maxPooledBytes/32 && cap(sc.keys) <= maxPooledBytes/16 {
 		sc.members = sc.members[:0]
@@ -210,10 +218,20 @@ func (p *parser) array() bool {
 		p.depth--
 		return true
 	}
-	for {
+	parent := p.ignore
+	var index [20]byte
+	for i := 0; ; i++ {
+		start := len(p.dst)
+		if parent != nil {
+			p.ignore = parent.child(strconv.AppendInt(index[:0], int64(i), 10))
+		}
 		if !p.value() {
 			return false
 		}
+		if p.ignore != nil && p.ignore.terminal {
+			p.dst = append(p.dst[:start], tagIgnored)
+		}
+		p.ignore = parent
 		p.skipSpace()
 		if p.pos >= len(p.src) {
 			return p.failAt("unterminated array", p.pos)
@@ -250,6 +268,7 @@ func (p *parser) object() bool {
 	// theirs above and pop them before the next member is recorded.
 	base := len(p.sc.members)
 	sorted := true
+	parent := p.ignore
 	for {
 		if p.pos >= len(p.src) || p.src[p.pos] != '"' {
 			return p.failAt("expected a member name", p.pos)
@@ -266,14 +285,20 @@ func (p *parser) object() bool {
 		}
 		p.pos++
 		p.skipSpace()
+		p.ignore = parent.child(p.name(m))
 		if !p.value() {
 			return false
 		}
-		m.end = len(p.dst)
-		if len(p.sc.members) > base && sorted {
-			sorted = p.inOrder(p.sc.members[len(p.sc.members)-1], m)
+		if p.ignore != nil && p.ignore.terminal {
+			p.dst = p.dst[:m.start] // left out
+		} else {
+			m.end = len(p.dst)
+			if len(p.sc.members) > base && sorted {
+				sorted = p.inOrder(p.sc.members[len(p.sc.members)-1], m)
+			}
+			p.sc.members = append(p.sc.members, m)
 		}
-		p.sc.members = append(p.sc.members, m)
+		p.ignore = parent
 		p.skipSpace()
 		if p.pos >= len(p.src) {
 			return p.failAt("unterminated object", p.pos)
@@ -284,7 +309,7 @@ func (p *parser) object() bool {
 			p.skipSpace()
 		case '}':
 			p.pos++
-			if !sorted {
+			if !sorted && len(p.sc.members) > base {
 				p.sortMembers(p.sc.members[base:])
 			}
 			p.sc.members = p.sc.members[:base]

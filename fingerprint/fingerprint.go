@@ -2,6 +2,7 @@ package fingerprint
 
 import (
 	"crypto/sha256"
+	"errors"
 	"encoding/binary"
 	"hash"
 	"net/http"
@@ -33,6 +34,33 @@ const (
 type Fingerprinter struct {
 	headers       []string // canonical MIME header keys, in configured order
 	canonicalJSON bool
+	ignore        *pointerTrie // JSON members left out; nil for none
+}
+
+// Options configure a Fingerprinter made with NewFingerprinter.
+type Options struct {
+	// Headers are the request headers hashed besides method, path, query
+	// and body, in this order.
+	Headers []string
+	// CanonicalJSON hashes bodies declared as JSON in their canonical
+	// encoding (see New).
+	CanonicalJSON bool
+	// Ignore lists members of JSON bodies left out of the fingerprint, at
+	// any depth (an absent one is fine): volatile fields a client stamps
+	// on each attempt, such as /sent_at. An ignored array element still
+	// counts as an element, so that the others keep their positions.
+	// Needs CanonicalJSON.
+	Ignore []Pointer
+}
+
+// NewFingerprinter returns a Fingerprinter configured by o.
+func NewFingerprinter(o Options) (*Fingerprinter, error) {
+	if len(o.Ignore) > 0 && !o.CanonicalJSON {
+		return nil, errors.New("ignoring JSON members needs canonical JSON")
+	}
+	f := New(o.Headers, o.CanonicalJSON)
+	f.ignore = newPointerTrie(o.Ignore)
+	return f, nil
 }
 
 // New returns a Fingerprinter that hashes, besides method, path, query and
@@ -124,14 +152,7 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 		}
 	}
 
-	payload, tag := body, byte(bodyRaw)
-	if cfg.canonicalJSON && DeclaresJSON(header) {
-		canon, fail := appendCanonical(st.canon[:0], body)
-		st.canon = canon
-		if fail.reason == "" {
-			payload, tag = canon, bodyCanonical
-		}
-	}
+	payload, tag := cfg.body(st, header, body)
 	fr = append(fr, tag)
 	fr = binary.AppendUvarint(fr, uint64(len(payload)))
 	st.frame = fr
@@ -148,6 +169,20 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 		sumPool.Put(st)
 	}
 	return dst, tag == bodyCanonical
+}
+
+// body returns what of body is hashed, in st's buffer when canonical, and
+// its tag.
+func (f *Fingerprinter) body(st *sumState, header http.Header, body []byte) ([]byte, byte) {
+	if !f.canonicalJSON || !DeclaresJSON(header) {
+		return body, bodyRaw
+	}
+	canon, fail := appendCanonical(st.canon[:0], body, f.ignore)
+	st.canon = canon
+	if fail.reason != "" {
+		return body, bodyRaw
+	}
+	return canon, bodyCanonical
 }
 
 // appendString appends s with a uvarint length prefix, which keeps adjacent
