@@ -118,6 +118,12 @@ type Response struct {
 	// and was not kept. The request ran once; only its status and headers
 	// can be replayed.
 	BodyOmitted bool
+	// Detail is opaque data about the request that produced the response,
+	// kept with the record (the Caddy module keeps salted digests of the
+	// request's parts, so that a later request reusing the key can be told
+	// what differs). Stores return it as Record.Detail with Mismatch, not
+	// with the response.
+	Detail []byte
 }
 
 // Record is what a store holds for one key.
@@ -135,6 +141,9 @@ type Record struct {
 	// ExpiresAt is when the lease lapses (InFlight) or when the record
 	// expires (Completed).
 	ExpiresAt time.Time
+	// Detail is the Response.Detail the record was completed with. Reserve
+	// returns it, and only it, with Mismatch.
+	Detail []byte
 }
 
 // Outcome says what Reserve found.
@@ -146,7 +155,8 @@ const (
 	// Release it.
 	Acquired Outcome = iota + 1
 	// Mismatch: a live record exists for another fingerprint, whatever its
-	// state. Reservation.Record is nil.
+	// state. Reservation.Record is nil, or carries only the Detail of a
+	// completed record that has one.
 	Mismatch
 	// Conflict: a live in-flight record exists for the same fingerprint.
 	// Reservation.Record has its lease expiry, but no Token: a competing

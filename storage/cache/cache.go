@@ -89,10 +89,9 @@ func (c *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 		e = nil
 	}
 	sh.mu.Unlock()
-	if e != nil {
-		if !bytes.Equal(e.rec.Fingerprint, fp) {
-			return storage.Reservation{Outcome: storage.Mismatch}, nil
-		}
+	// A mismatch goes to the store, which has the record's Detail; a
+	// cached record without a Detail would answer it the same way.
+	if e != nil && bytes.Equal(e.rec.Fingerprint, fp) {
 		return storage.Reservation{Outcome: storage.Replay, Record: e.rec}, nil
 	}
 	res, err := c.Store.Reserve(ctx, key, fp, lease)

@@ -25,6 +25,9 @@ type entry struct {
 	// a million records must not weigh on every garbage collection.
 	resp []byte
 
+	// detail is the completed record's Response.Detail; nil in flight.
+	detail []byte
+
 	// done is made by the first Wait on an in-flight entry and closed when
 	// the entry stops being that in-flight record, to wake the waiters.
 	done chan struct{}
@@ -72,7 +75,10 @@ func (e *entry) wake() {
 func (s *Store) reservation(e *entry, fp []byte) storage.Reservation {
 	switch {
 	case !bytes.Equal(e.fp, fp):
-		return storage.Reservation{Outcome: storage.Mismatch}
+		if e.detail == nil {
+			return storage.Reservation{Outcome: storage.Mismatch}
+		}
+		return storage.Reservation{Outcome: storage.Mismatch, Record: &storage.Record{Detail: e.detail}}
 	case e.resp != nil:
 		// The caller decodes the record once the shard is unlocked.
 		return storage.Reservation{Outcome: storage.Replay}

@@ -65,8 +65,15 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 	if resp == nil {
 		return fmt.Errorf("memory: complete: nil response")
 	}
-	// Encoded outside the lock to keep the critical section short.
-	enc := storage.AppendResponse(make([]byte, 0, 64+len(resp.Body)), resp)
+	// Encoded outside the lock to keep the critical section short; the
+	// detail goes in the same block, after the response.
+	enc := storage.AppendResponse(make([]byte, 0, 64+len(resp.Body)+len(resp.Detail)), resp)
+	var detail []byte
+	if len(resp.Detail) > 0 {
+		enc = append(enc, resp.Detail...)
+		n := len(enc) - len(resp.Detail)
+		enc, detail = enc[:n:n], enc[n:]
+	}
 	sh, id := s.shardFor(key)
 	now := s.now()
 	sh.mu.Lock()
@@ -76,7 +83,7 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 		return storage.ErrLeaseLost
 	}
 	e.expires = now + int64(ttl)
-	e.resp = enc
+	e.resp, e.detail = enc, detail
 	e.token = 0
 	e.wake()
 	return nil

@@ -22,8 +22,12 @@ func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Tok
 		return errors.New("postgres complete: nil response")
 	}
 	headers := storage.AppendHeader(nil, resp.Header)
+	detail := resp.Detail
+	if len(detail) == 0 {
+		detail = nil // NULL
+	}
 	return s.leaseOp(ctx, "complete", s.sql.complete, key, token,
-		int32(resp.Status), headers, resp.Body, resp.BodyOmitted, micros(ttl))
+		int32(resp.Status), headers, resp.Body, resp.BodyOmitted, micros(ttl), detail)
 }
 
 // Release implements storage.Store.

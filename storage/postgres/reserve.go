@@ -94,16 +94,17 @@ type existingRow struct {
 	headers     []byte
 	body        []byte
 	bodyOmitted bool
+	detail      []byte
 }
 
 // dest lists where lookup's columns go.
 func (r *existingRow) dest() []any {
-	return []any{&r.same, &r.state, &r.created, &r.expires, &r.status, &r.headers, &r.body, &r.bodyOmitted}
+	return []any{&r.same, &r.state, &r.created, &r.expires, &r.status, &r.headers, &r.body, &r.bodyOmitted, &r.detail}
 }
 
 // reserveDest lists where reserve's columns go: acquired, then lookup's.
 func (r *existingRow) reserveDest() []any {
-	return []any{&r.acquired, &r.same, &r.state, &r.created, &r.expires, &r.status, &r.headers, &r.body, &r.bodyOmitted}
+	return []any{&r.acquired, &r.same, &r.state, &r.created, &r.expires, &r.status, &r.headers, &r.body, &r.bodyOmitted, &r.detail}
 }
 
 // reservation answers a Reserve that found the live record r. The
@@ -111,7 +112,10 @@ func (r *existingRow) reserveDest() []any {
 // Mismatch), copied because callers reuse their buffers.
 func (r *existingRow) reservation(fp []byte) (storage.Reservation, error) {
 	if !r.same {
-		return storage.Reservation{Outcome: storage.Mismatch}, nil
+		if len(r.detail) == 0 {
+			return storage.Reservation{Outcome: storage.Mismatch}, nil
+		}
+		return storage.Reservation{Outcome: storage.Mismatch, Record: &storage.Record{Detail: r.detail}}, nil
 	}
 	rec := &storage.Record{
 		Fingerprint: bytes.Clone(fp),

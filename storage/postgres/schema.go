@@ -43,9 +43,12 @@ func schemaDDL(table, index string) []string {
     body_omitted boolean     NOT NULL DEFAULT false,
     created_at   timestamptz NOT NULL,
     expires_at   timestamptz NOT NULL,
+    detail       bytea,
     PRIMARY KEY (scope, key)
 )`,
 		`CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{index}.Sanitize() + ` ON ` + table + ` (expires_at)`,
+		// Tables made before the detail column existed get it.
+		`ALTER TABLE ` + table + ` ADD COLUMN IF NOT EXISTS detail bytea`,
 	}
 }
 
@@ -130,7 +133,8 @@ func (s *Store) createSchema(ctx context.Context) error {
 			return err
 		}
 		var exists bool
-		err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`,
+		err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
+	AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'detail' AND NOT attisdropped)`,
 			s.table, qualifiedIndex(name)).Scan(&exists)
 		if err != nil || exists {
 			return err
@@ -144,8 +148,11 @@ func (s *Store) createSchema(ctx context.Context) error {
 	})
 }
 
-// undefinedTable is PostgreSQL's SQLSTATE for a missing relation.
-const undefinedTable = "42P01"
+// SQLSTATEs that point at a table made by hand without every column.
+const (
+	undefinedTable  = "42P01"
+	undefinedColumn = "42703"
+)
 
 // fail wraps an error of operation op with context. A missing table gets a
 // hint, since with create_table off it is a deployment mistake rather than
@@ -160,6 +167,9 @@ func (s *Store) fail(op string, err error) error {
 			hint = "it will be created again on the next operation"
 		}
 		return fmt.Errorf("postgres %s: table %s does not exist (%s): %w", op, s.table, hint, err)
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == undefinedColumn && !s.opts.CreateTable {
+		return fmt.Errorf("postgres %s: table %s lacks a column of this version (add it with the DDL from postgres.Schema: ALTER TABLE %s ADD COLUMN IF NOT EXISTS detail bytea): %w", op, s.table, s.table, err)
 	}
 	return fmt.Errorf("postgres %s: %w", op, err)
 }

@@ -30,7 +30,8 @@ const existing = `e.fingerprint = $3 AS same, e.state, e.created_at, e.expires_a
 	COALESCE(e.status, 0) AS status,
 	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.headers END AS headers,
 	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.body END AS body,
-	e.body_omitted`
+	e.body_omitted,
+	CASE WHEN e.fingerprint <> $3 THEN e.detail END AS detail`
 
 func newStatements(table string) statements {
 	q := func(s string) string { return strings.ReplaceAll(s, "{table}", table) }
@@ -55,12 +56,12 @@ func newStatements(table string) statements {
 	WHERE NOT EXISTS (SELECT FROM live)
 	ON CONFLICT (scope, key) DO UPDATE SET
 		fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
-		status = NULL, headers = NULL, body = NULL, body_omitted = false,
+		status = NULL, headers = NULL, body = NULL, body_omitted = false, detail = NULL,
 		created_at = excluded.created_at, expires_at = excluded.expires_at
 	WHERE r.expires_at <= now()
 	RETURNING 1
 )
-SELECT true, true, 1::smallint, now(), now(), 0, NULL::bytea, NULL::bytea, false FROM taken
+SELECT true, true, 1::smallint, now(), now(), 0, NULL::bytea, NULL::bytea, false, NULL::bytea FROM taken
 UNION ALL
 SELECT false, live.* FROM live`),
 
@@ -75,7 +76,7 @@ WHERE e.scope = $1 AND e.key = $2 AND e.expires_at > now()`),
 		// its owner's.
 		complete: q(`UPDATE {table} SET state = 2, token = 0,
 	status = $4, headers = $5, body = $6, body_omitted = $7,
-	expires_at = now() + $8::bigint * interval '1 microsecond'
+	expires_at = now() + $8::bigint * interval '1 microsecond', detail = $9
 WHERE scope = $1 AND key = $2 AND state = 1 AND token = $3`),
 		release: q(`DELETE FROM {table} WHERE scope = $1 AND key = $2 AND state = 1 AND token = $3`),
 		renew: q(`UPDATE {table} SET expires_at = now() + $4::bigint * interval '1 microsecond'

@@ -34,7 +34,11 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 	case 1:
 		res = storage.Reservation{Outcome: storage.Acquired, Token: tok}
 	case 2:
+		n = 2
 		res = storage.Reservation{Outcome: storage.Mismatch}
+		if d := r.bytes(1); len(d) > 0 {
+			res.Record = &storage.Record{Detail: d}
+		}
 	case 3:
 		// The script compared the fingerprints: the record's is fp.
 		n = 3
@@ -74,7 +78,7 @@ func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Tok
 	head := storage.AppendResponse(nil, &storage.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: resp.BodyOmitted})
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
-	return s.fenced(ctx, "complete", completeScript, key, uint64(token), head, resp.Body, millis(ttl))
+	return s.fenced(ctx, "complete", completeScript, key, uint64(token), head, resp.Body, millis(ttl), resp.Detail)
 }
 
 // Release implements storage.Store in one round trip.

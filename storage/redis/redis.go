@@ -26,6 +26,7 @@
 //	e  lease lapse (in flight) or expiry (completed), Unix milliseconds
 //	h  recorded status and headers (storage.AppendResponse without the body)
 //	b  recorded body, raw bytes
+//	d  the response's Detail (absent when empty)
 //	w  until when some instance waits on the record, Unix milliseconds
 //
 // Times come from the Redis server (TIME inside the scripts), so instances

@@ -33,8 +33,8 @@ local function corrupt() return redis.error_reply('CORRUPT idempotency record') 
 
 // reserveScript claims the key or reports what holds it.
 // ARGV: fingerprint, token, lease ms, keep ms (the in-flight key's PEXPIRE).
-// Reply: {1} acquired | {2} mismatch | {3, created, lapse} conflict |
-// {4, created, expiry, head, body} replay.
+// Reply: {1} acquired | {2, detail} mismatch | {3, created, lapse}
+// conflict | {4, created, expiry, head, body} replay.
 //
 // A live lease carrying the caller's own token is reported as acquired:
 // the token is fresh for every Reserve call, so only a retry of this very
@@ -47,7 +47,7 @@ if r[1] or r[4] then
   if not r[1] or not e then return corrupt() end
   if now < e then
     if r[2] == ARGV[2] then return {1} end
-    if r[1] ~= ARGV[1] then return {2} end
+    if r[1] ~= ARGV[1] then return {2, redis.call('HGET', key, 'd') or ''} end
     if r[2] then return {3, tonumber(r[3]) or 0, e} end
     local hb = redis.call('HMGET', key, 'h', 'b')
     if not hb[1] then return corrupt() end
@@ -63,12 +63,14 @@ return {1}
 `)
 
 // completeScript records the response of the lease named by the token.
-// ARGV: token, head, body, ttl ms. Reply: 1, or 0 when the lease is lost.
+// ARGV: token, head, body, ttl ms, detail. Reply: 1, or 0 when the lease
+// is lost.
 var completeScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', key, 't', 'w')
 if not r[1] or r[1] ~= ARGV[1] then return 0 end
 redis.call('HDEL', key, 't', 'w')
 redis.call('HSET', key, 'h', ARGV[2], 'b', ARGV[3], 'e', ms(now + tonumber(ARGV[4])))
+if ARGV[5] ~= '' then redis.call('HSET', key, 'd', ARGV[5]) end
 redis.call('PEXPIRE', key, ARGV[4])
 wake(r[2])
 return 1

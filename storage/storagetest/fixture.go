@@ -89,8 +89,8 @@ func checkReservation(res storage.Reservation) string {
 		}
 		return ""
 	case storage.Mismatch:
-		if res.Record != nil {
-			return "mismatch with a record"
+		if r := res.Record; r != nil && (len(r.Detail) == 0 || r.Response != nil || r.Fingerprint != nil || r.State != 0) {
+			return fmt.Sprintf("mismatch with record %+v, want none or only a Detail", r)
 		}
 	case storage.Conflict:
 		if res.Record == nil || res.Record.State != storage.InFlight {

@@ -44,6 +44,7 @@ var suite = []subtest{
 	{"ReserveNewKeyAcquires", testReserveNewKeyAcquires},
 	{"ReserveSameFingerprintWhileInFlightConflicts", testReserveSameFingerprintWhileInFlightConflicts},
 	{"ReserveOtherFingerprintMismatches", testReserveOtherFingerprintMismatches},
+	{"MismatchCarriesTheDetail", testMismatchCarriesTheDetail},
 	{"ReplayReturnsRecordedResponse", testReplayReturnsRecordedResponse},
 	{"EmptyBodyReplays", testEmptyBodyReplays},
 	{"BodyOmittedIsKept", testBodyOmittedIsKept},
