@@ -43,6 +43,10 @@ func readBody(r *http.Request, limit int64) (*bufferedBody, error) {
 			err = errBodyTooLarge
 		}
 		if err != nil {
+			// For a request that goes on untracked (observe mode), the
+			// next handler must still get the whole body, or the same
+			// error.
+			r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(bytes.Clone(buf.Bytes())), errAfter(r.Body, err)), orig: r.Body}
 			body.Close()
 			return nil, bodyReadError(err)
 		}
@@ -54,6 +58,27 @@ func readBody(r *http.Request, limit int64) (*bufferedBody, error) {
 	r.Header.Del("Expect")
 	return body, nil
 }
+
+// prefixedBody is a request body of which a prefix was read already.
+type prefixedBody struct {
+	io.Reader
+	orig io.ReadCloser
+}
+
+func (b *prefixedBody) Close() error { return b.orig.Close() }
+
+// errAfter reads on from r after a read that stopped at the limit, or
+// repeats the error that stopped it.
+func errAfter(r io.Reader, err error) io.Reader {
+	if errors.Is(err, errBodyTooLarge) {
+		return r
+	}
+	return errReader{err}
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // bodyReadError classifies a failure to read the request body.
 func bodyReadError(err error) error {

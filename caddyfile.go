@@ -43,12 +43,16 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    fingerprint {
 //	        headers <name...>
 //	        canonical_json true|false
+//	        ignore <JSON Pointer...>
 //	    }
 //	    release_on <status|class...>
 //	    in_flight reject|wait [<timeout>]
+//	    wait_timeout <duration>
 //	    on_storage_error fail_closed|fail_open
 //	    replay_header <name>|off
 //	    docs_url <url>
+//	    mode enforce|observe
+//	    key_json <JSON Pointer>
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the directive name
@@ -103,6 +107,15 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, opt string) error {
 		return argsList(d, &h.ReleaseOn)
 	case "in_flight":
 		return h.parseInFlight(d)
+	case "wait_timeout":
+		if h.WaitTimeout != 0 {
+			return d.Err("wait_timeout is already given by in_flight wait <timeout>")
+		}
+		return durationArg(d, &h.WaitTimeout)
+	case "mode":
+		return oneOfArg(d, &h.Mode, modeEnforce, modeObserve)
+	case "key_json":
+		return stringArg(d, &h.KeyJSON)
 	case "on_storage_error":
 		return oneOfArg(d, &h.OnStorageError, failClosed, failOpen)
 	case "replay_header":
@@ -145,6 +158,8 @@ func (h *Handler) parseFingerprint(d *caddyfile.Dispenser) error {
 			return argsList(d, &h.Fingerprint.Headers)
 		case "canonical_json":
 			return boolArg(d, &h.Fingerprint.CanonicalJSON)
+		case "ignore":
+			return argsList(d, &h.Fingerprint.Ignore)
 		}
 		return d.Errf("unrecognized fingerprint option '%s'", opt)
 	}, nil)
@@ -155,6 +170,9 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser) error {
 		return err
 	}
 	if h.InFlight == inFlightWait && d.NextArg() {
+		if h.WaitTimeout != 0 {
+			return d.Err("the wait timeout is already given by wait_timeout")
+		}
 		// Parsed here rather than with durationArg, which would name the
 		// option after the current token ("wait").
 		s := d.Val()

@@ -2,11 +2,11 @@ package idempotency
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -38,7 +37,8 @@ const (
 var errStoreClosed = errors.New("the idempotency store of this configuration is closed")
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler: the request flow of
-// DESIGN.md, one function per answer the client can get.
+// DESIGN.md, one function per answer the client can get. Observe mode has
+// its flow of its own (observe.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !slices.Contains(h.methods, r.Method) {
 		return next.ServeHTTP(w, r)
@@ -48,100 +48,83 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// An outer idempotency handler owns this request's key.
 		return next.ServeHTTP(w, r)
 	}
-
-	values := r.Header[h.headerKey]
-	if len(values) == 0 {
-		if h.Required {
-			return h.reject(w, r, repl, outcomeMissing, problemKeyMissing,
-				fmt.Sprintf("this endpoint requires an %s header with a unique key per operation", h.Header))
-		}
-		return h.pass(w, r, next, repl)
+	if h.observing {
+		return h.observe(w, r, next, repl)
 	}
-	id, err := fingerprint.ParseKey(values, h.MaxKeyLength)
+
+	k, ref := h.keyRequest(r, repl)
+	if ref != nil {
+		return h.refuse(w, r, next, repl, ref)
+	}
+	defer k.done()
+
+	res, err := h.reserve(r.Context(), k.key, k.fp)
 	if err != nil {
-		return h.reject(w, r, repl, outcomeInvalid, problemKeyInvalid, err.Error())
-	}
-	scope, ok := h.scope.evaluate(repl)
-	if !ok {
-		return h.reject(w, r, repl, outcomeInvalid, problemKeyInvalid,
-			"the request carries no client identity to scope the key to")
-	}
-	key := storage.Key{Scope: hashHex(scope), ID: id}
-	repl.Set(placeholderKeyHash, key.Hash())
-
-	// Hold the store before reading the body: a reload that replaces the
-	// storage config while a slow client uploads must not close it under
-	// the request.
-	unhold, ok := h.holdStore()
-	if !ok {
-		return h.storeFailed(w, r, next, repl, key, errStoreClosed)
-	}
-	defer unhold()
-
-	body, err := readBody(r, h.MaxBodySize)
-	if errors.Is(err, errBodyTooLarge) {
-		return h.reject(w, r, repl, outcomeTooLarge, problemTooLarge,
-			fmt.Sprintf("requests with an %s may carry at most %d bytes", h.Header, h.MaxBodySize))
-	}
-	if err != nil {
-		return err
-	}
-	defer body.Close()
-
-	var sum [fingerprint.Size]byte
-	fp, canonical := h.fingerprint.SumJSON(sum[:0], r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, body.Bytes())
-	if !canonical && h.fingerprint.CanonicalJSON() && body.Len() > 0 && fingerprint.DeclaresJSON(r.Header) && !json.Valid(body.Bytes()) {
-		// A body that says it is JSON and is not cannot be compared by
-		// meaning, and no JSON upstream can act on it: refuse it here,
-		// before anything is stored.
-		return h.reject(w, r, repl, outcomeInvalid, problemBodyNotJSON,
-			"the request body is declared as JSON but is not valid JSON")
-	}
-
-	res, err := h.reserve(r.Context(), key, fp)
-	if err != nil {
-		return h.storeFailed(w, r, next, repl, key, err)
+		return h.storeFailed(w, r, next, repl, k.key, err)
 	}
 	how := outcomeReplayed
-	if res.Outcome == storage.Conflict && h.InFlight == inFlightWait {
-		how = outcomeWaited
-		if res, err = h.await(r.Context(), key, fp, res); err != nil {
-			return h.storeFailed(w, r, next, repl, key, err)
+	if res.Outcome == storage.Conflict {
+		if wait, asked := h.waitFor(r); wait > 0 {
+			how = outcomeWaited
+			if asked {
+				w.Header().Set("Preference-Applied", preferenceApplied(wait))
+			}
+			if res, err = h.await(r.Context(), k.key, k.fp, res, wait); err != nil {
+				return h.storeFailed(w, r, next, repl, k.key, err)
+			}
 		}
 	}
 
 	switch res.Outcome {
 	case storage.Acquired:
-		return h.execute(w, r, next, repl, key, res.Token)
+		return h.execute(w, r, next, repl, k, res.Token)
 	case storage.Mismatch:
-		return h.reject(w, r, repl, outcomeMismatch, problemMismatch,
-			fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.Header))
+		return h.mismatch(w, r, repl, k, res.Record)
 	case storage.Conflict:
 		w.Header().Set("Retry-After", conflictRetryAfter)
 		return h.reject(w, r, repl, outcomeConflict, problemConflict,
 			"the first request with this key is still being processed; retry later")
 	case storage.Replay:
-		return h.replay(w, r, repl, res.Record.Response, how)
+		return h.replay(w, r, repl, res.Record, how)
 	}
 	return fmt.Errorf("idempotency store returned unknown outcome %d", res.Outcome)
 }
 
-// execute runs the next handler for the request that owns key, streams its
-// response to the client while recording it, then completes or releases
-// the record.
-func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, key storage.Key, token storage.Token) error {
+// refuse answers a request that could not be keyed.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, ref *refusal) error {
+	switch {
+	case ref.outcome == outcomePassed:
+		return h.pass(w, r, next, repl)
+	case errors.Is(ref.err, errStoreClosed):
+		return h.storeFailed(w, r, next, repl, storage.Key{}, ref.err)
+	case ref.err != nil:
+		return ref.err // a body that could not be read: Caddy answers
+	}
+	return h.reject(w, r, repl, ref.outcome, ref.problem, ref.detail)
+}
+
+// execute runs the next handler for the request that owns its key,
+// streams the response to the client while recording it, then completes
+// or releases the record.
+func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, k *keyedRequest, token storage.Token) error {
 	h.settle(r, repl, outcomeNew)
 	metrics.inFlight.Inc()
 	defer metrics.inFlight.Dec()
-	l := holdLease(h.ops, h.logger, key, token, time.Duration(h.LockTimeout))
+	// What a later 422 needs to tell what differs; taken before the next
+	// handler reads the body.
+	detail := h.fingerprint.Detail(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, k.body.Bytes())
+	l := holdLease(h.ops, h.logger, k.key, token, time.Duration(h.LockTimeout))
 	rec := newRecorder(w, h.MaxResponseSize)
 
-	// The request runs to the end even if the client hangs up: an upstream
-	// cancelled half-way may or may not have acted, and its response is
-	// what every retry must get. Stored bodies are never content-encoded,
-	// so that each replay can be encoded for the client that asks for it.
-	r = r.WithContext(context.WithoutCancel(r.Context()))
-	r.Header.Set("Accept-Encoding", "identity")
+	if !h.observing {
+		// The request runs to the end even if the client hangs up: an
+		// upstream cancelled half-way may or may not have acted, and its
+		// response is what every retry must get. Stored bodies are never
+		// content-encoded, so that each replay can be encoded for the
+		// client that asks for it. (Observe mode changes nothing.)
+		r = r.WithContext(context.WithoutCancel(r.Context()))
+		r.Header.Set("Accept-Encoding", "identity")
+	}
 
 	// A panic is not recovered, so that it keeps its stack trace; the
 	// deferred call settles the record on the way out.
@@ -149,7 +132,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	defer func() {
 		if !finished {
 			l.stop()
-			h.finish(key, token, rec, "the handler panicked")
+			h.finish(r.Context(), k.key, token, rec, detail, "the handler panicked")
 		}
 	}()
 	err := next.ServeHTTP(rec, r)
@@ -159,7 +142,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	if err != nil {
 		failure = "the handler failed: " + err.Error()
 	}
-	h.finish(key, token, rec, failure)
+	h.finish(r.Context(), k.key, token, rec, detail, failure)
 	return err
 }
 
@@ -171,31 +154,39 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 // a panic after the status, such as reverse_proxy's http.ErrAbortHandler
 // when the upstream broke off mid-body), with its body omitted. Before
 // any final status, a failure frees the key for the retry.
-func (h *Handler) finish(key storage.Key, token storage.Token, rec *recorder, failure string) {
+func (h *Handler) finish(ctx context.Context, key storage.Key, token storage.Token, rec *recorder, detail []byte, failure string) {
 	status, header, body, omitted := rec.response()
 	switch {
 	case rec.hijacked:
-		h.release(key, token, "the connection was hijacked")
+		h.release(ctx, key, token, "the connection was hijacked")
 	case failure != "" && rec.status == 0:
-		h.release(key, token, failure)
+		h.release(ctx, key, token, failure)
 	case h.releaseOn.has(status):
-		h.release(key, token, fmt.Sprintf("status %d", status))
+		h.release(ctx, key, token, fmt.Sprintf("status %d", status))
 	default:
-		resp := &storage.Response{Status: status, Header: header, Body: body, BodyOmitted: omitted}
+		resp := &storage.Response{Status: status, Header: header, Body: body, BodyOmitted: omitted, Detail: detail}
 		if failure != "" {
 			resp.Body, resp.BodyOmitted = nil, true
 			h.logger.Warn("the response broke off after its status was sent; recording status and headers without the body",
 				zap.String("key_hash", key.Hash()), zap.Int("status", status), zap.String("failure", failure))
 		}
-		h.complete(key, token, resp)
+		if h.observing && header.Get("Content-Encoding") != "" {
+			// Observe mode leaves Accept-Encoding alone: a body in one
+			// client's encoding is no replay for another, should the
+			// route switch to enforce while the record lives.
+			resp.Body, resp.BodyOmitted = nil, true
+		}
+		h.complete(ctx, key, token, resp)
 	}
 }
 
 // replay answers with a recorded response. Headers that handlers outside
 // this one set for the current request (CORS, request ids) stay as they
 // are; the recorded ones fill in the rest.
-func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, resp *storage.Response, how outcome) error {
+func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, rec *storage.Record, how outcome) error {
 	h.settle(r, repl, how)
+	traceReplay(r.Context(), rec)
+	resp := rec.Response
 	hdr := w.Header()
 	for name, values := range resp.Header {
 		if _, outer := hdr[name]; outer {
@@ -219,48 +210,31 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	return nil
 }
 
-// reserve claims key for this request. A reservation that an earlier
-// request of this handler abandoned (its Reserve failed, yet may have been
-// written) is released on the spot when it is what holds the key: the
-// client was told 503 and invited to retry. Store calls outlive the
-// client: a reservation made for a client that hung up mid-call must
-// still be answered for.
-func (h *Handler) reserve(ctx context.Context, key storage.Key, fp []byte) (storage.Reservation, error) {
-	ctx = context.WithoutCancel(ctx)
-	lease := time.Duration(h.LockTimeout)
-	res, err := h.ops.Reserve(ctx, key, fp, lease)
-	if err == nil && res.Outcome == storage.Conflict && h.aftercare.reclaim(key) {
-		res, err = h.ops.Reserve(ctx, key, fp, lease)
+// mismatch answers a request that reuses a key for another request with a
+// 422 that names what differs (never a value), when the record says.
+func (h *Handler) mismatch(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, k *keyedRequest, rec *storage.Record) error {
+	h.settle(r, repl, outcomeMismatch)
+	detail := fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.Header)
+	differs := h.differs(r, k, rec)
+	if len(differs) > 0 {
+		detail = fmt.Sprintf("this %s was already used for a request that differs in %s; use a new key for a new operation",
+			h.Header, strings.Join(differs, ", "))
 	}
-	if err != nil {
-		h.abandon(key, res.Token, err)
-	}
-	return res, err
+	return writeProblemWith(w, h.DocsURL, problemMismatch, detail, differs)
 }
 
-// await blocks while the first request with key runs, for wait_timeout
-// at most, and returns what the store holds then: a Replay when it
-// completed, Acquired when it released the key (this request runs
-// instead), still Conflict on timeout.
-func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res storage.Reservation) (storage.Reservation, error) {
-	deadline := time.Now().Add(time.Duration(h.WaitTimeout))
-	pause := 10 * time.Millisecond
-	for res.Outcome == storage.Conflict {
-		remaining := time.Until(deadline)
-		if remaining <= 0 || ctx.Err() != nil {
-			return res, nil
-		}
-		if h.waiter == nil || h.waiter.Wait(ctx, key, min(remaining, time.Second)) != nil {
-			// No notifications (or they failed): poll with backoff.
-			sleep(ctx, min(pause, remaining))
-			pause = min(2*pause, 250*time.Millisecond)
-		}
-		var err error
-		if res, err = h.reserve(ctx, key, fp); err != nil {
-			return res, err
-		}
+// differs names the parts of the request that differ from the recorded
+// one, nil when the record cannot say (still in flight, or made before
+// records kept request details).
+func (h *Handler) differs(r *http.Request, k *keyedRequest, rec *storage.Record) []string {
+	if rec == nil {
+		return nil
 	}
-	return res, nil
+	d, ok := h.fingerprint.Differs(rec.Detail, r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, k.body.Bytes())
+	if !ok {
+		return nil
+	}
+	return d
 }
 
 // storeFailed answers when the store could not be used.
@@ -295,10 +269,29 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	return writeProblem(w, h.DocsURL, p, detail)
 }
 
+// reserve claims key for this request. A reservation that an earlier
+// request of this handler abandoned (its Reserve failed, yet may have been
+// written) is released on the spot when it is what holds the key: the
+// client was told 503 and invited to retry. Store calls outlive the
+// client: a reservation made for a client that hung up mid-call must
+// still be answered for.
+func (h *Handler) reserve(ctx context.Context, key storage.Key, fp []byte) (storage.Reservation, error) {
+	ctx = context.WithoutCancel(ctx)
+	lease := time.Duration(h.LockTimeout)
+	res, err := h.ops.Reserve(ctx, key, fp, lease)
+	if err == nil && res.Outcome == storage.Conflict && h.aftercare.reclaim(key) {
+		res, err = h.ops.Reserve(ctx, key, fp, lease)
+	}
+	if err != nil {
+		h.abandon(key, res.Token, err)
+	}
+	return res, err
+}
+
 // complete records resp as the answer for key; if the store fails, it
 // keeps trying in the background.
-func (h *Handler) complete(key storage.Key, token storage.Token, resp *storage.Response) {
-	err := h.ops.Complete(context.Background(), key, token, resp, time.Duration(h.TTL))
+func (h *Handler) complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response) {
+	err := h.ops.Complete(context.WithoutCancel(ctx), key, token, resp, time.Duration(h.TTL))
 	switch {
 	case err == nil:
 	case errors.Is(err, storage.ErrLeaseLost):
@@ -313,8 +306,8 @@ func (h *Handler) complete(key storage.Key, token storage.Token, resp *storage.R
 
 // release frees key so that a retry runs again; if the store fails, it
 // keeps trying in the background.
-func (h *Handler) release(key storage.Key, token storage.Token, why string) {
-	err := h.ops.Release(context.Background(), key, token)
+func (h *Handler) release(ctx context.Context, key storage.Key, token storage.Token, why string) {
+	err := h.ops.Release(context.WithoutCancel(ctx), key, token)
 	switch {
 	case err == nil:
 		if c := h.logger.Check(zapcore.DebugLevel, "idempotency key released"); c != nil {
@@ -345,14 +338,4 @@ func (h *Handler) abandon(key storage.Key, token storage.Token, err error) {
 // record that nobody took over and still let its owner complete it.
 func (h *Handler) aftercareDeadline() time.Time {
 	return time.Now().Add(max(time.Duration(h.LockTimeout), time.Minute))
-}
-
-// sleep waits for d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -19,11 +20,13 @@ var storeOps = []string{"reserve", "complete", "release", "renew", "get", "delet
 // reloads. Labels are bounded: outcome, backend and op only; never keys,
 // scopes or hosts.
 var metrics struct {
-	once          sync.Once
-	requests      *prometheus.CounterVec
-	byOutcome     map[outcome]prometheus.Counter
-	storeDuration *prometheus.HistogramVec
-	inFlight      prometheus.Gauge
+	once              sync.Once
+	requests          *prometheus.CounterVec
+	byOutcome         map[outcome]prometheus.Counter
+	observed          *prometheus.CounterVec
+	observedByOutcome map[outcome]prometheus.Counter
+	storeDuration     *prometheus.HistogramVec
+	inFlight          prometheus.Gauge
 }
 
 func initMetrics() {
@@ -33,9 +36,15 @@ func initMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "requests_total",
 			Help: "Requests seen by the idempotency handler, by outcome.",
 		}, []string{"outcome"})
+		metrics.observed = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "observed_total",
+			Help: "Requests seen by idempotency handlers in observe mode, by the outcome they would have had.",
+		}, []string{"outcome"})
 		metrics.byOutcome = make(map[outcome]prometheus.Counter, len(outcomes))
+		metrics.observedByOutcome = make(map[outcome]prometheus.Counter, len(outcomes))
 		for _, o := range outcomes {
 			metrics.byOutcome[o] = metrics.requests.WithLabelValues(string(o))
+			metrics.observedByOutcome[o] = metrics.observed.WithLabelValues(string(o))
 		}
 		metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
@@ -55,7 +64,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.storeDuration, metrics.inFlight} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
@@ -65,51 +74,72 @@ func registerMetrics(reg *prometheus.Registry) error {
 	return nil
 }
 
-// timedStore measures each operation of a store in the latency histogram.
+// timedStore measures each operation of a store in the latency histogram
+// and, when the request is traced, makes it a child span.
 type timedStore struct {
 	storage.Store
+	backend   string
 	observers map[string]prometheus.Observer
 }
 
 func newTimedStore(s storage.Store, backend string) *timedStore {
 	initMetrics()
-	t := &timedStore{Store: s, observers: make(map[string]prometheus.Observer, len(storeOps))}
+	t := &timedStore{Store: s, backend: backend, observers: make(map[string]prometheus.Observer, len(storeOps))}
 	for _, op := range storeOps {
 		t.observers[op] = metrics.storeDuration.WithLabelValues(backend, op)
 	}
 	return t
 }
 
-func (t *timedStore) observe(op string, start time.Time) {
+// begin starts timing (and tracing) op.
+func (t *timedStore) begin(ctx context.Context, op string) (time.Time, trace.Span) {
+	return time.Now(), startStoreSpan(ctx, op, t.backend)
+}
+
+// end records op, begun at start, with its error.
+func (t *timedStore) end(op string, start time.Time, span trace.Span, err error) {
 	t.observers[op].Observe(time.Since(start).Seconds())
+	endStoreSpan(span, err)
 }
 
 func (t *timedStore) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
-	defer t.observe("reserve", time.Now())
-	return t.Store.Reserve(ctx, key, fp, lease)
+	start, span := t.begin(ctx, "reserve")
+	res, err := t.Store.Reserve(ctx, key, fp, lease)
+	t.end("reserve", start, span, err)
+	return res, err
 }
 
 func (t *timedStore) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
-	defer t.observe("complete", time.Now())
-	return t.Store.Complete(ctx, key, token, resp, ttl)
+	start, span := t.begin(ctx, "complete")
+	err := t.Store.Complete(ctx, key, token, resp, ttl)
+	t.end("complete", start, span, err)
+	return err
 }
 
 func (t *timedStore) Release(ctx context.Context, key storage.Key, token storage.Token) error {
-	defer t.observe("release", time.Now())
-	return t.Store.Release(ctx, key, token)
+	start, span := t.begin(ctx, "release")
+	err := t.Store.Release(ctx, key, token)
+	t.end("release", start, span, err)
+	return err
 }
 
 func (t *timedStore) Renew(ctx context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
-	defer t.observe("renew", time.Now())
-	return t.Store.Renew(ctx, key, token, lease)
+	start, span := t.begin(ctx, "renew")
+	err := t.Store.Renew(ctx, key, token, lease)
+	t.end("renew", start, span, err)
+	return err
 }
 
 func (t *timedStore) Get(ctx context.Context, key storage.Key, withBody bool) (*storage.Record, error) {
-	defer t.observe("get", time.Now())
-	return t.Store.Get(ctx, key, withBody)
+	start, span := t.begin(ctx, "get")
+	rec, err := t.Store.Get(ctx, key, withBody)
+	t.end("get", start, span, err)
+	return rec, err
 }
 
 func (t *timedStore) Delete(ctx context.Context, key storage.Key) error {
-	defer t.observe("delete", time.Now())
-	return t.Store.Delete(ctx, key)
+	start, span := t.begin(ctx, "delete")
+	err := t.Store.Delete(ctx, key)
+	t.end("delete", start, span, err)
+	return err
 }

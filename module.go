@@ -45,6 +45,9 @@ const (
 	minTTL         = caddy.Duration(time.Second)
 	minLockTimeout = caddy.Duration(time.Second)
 
+	modeEnforce = "enforce"
+	modeObserve = "observe"
+
 	inFlightReject  = "reject"
 	inFlightWait    = "wait"
 	failClosed      = "fail_closed"
@@ -129,7 +132,10 @@ type Handler struct {
 	// Default: reject.
 	InFlight string `json:"in_flight,omitempty"`
 
-	// How long "wait" blocks at most. Default: 10s.
+	// How long a request waits at most for the first request with its key
+	// to finish: with in_flight "wait", and for a request that asks with
+	// `Prefer: wait=<seconds>` (which then waits the lesser of its own and
+	// this). Default: 10s.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
 	// What to do when the store cannot be reached: "fail_closed" answers
@@ -145,6 +151,24 @@ type Handler struct {
 	// responses with `Link: <url>; rel="describedby"`.
 	DocsURL string `json:"docs_url,omitempty"`
 
+	// "enforce" (default) answers as described; "observe" measures before
+	// enforcing: every request reaches the next handler exactly as if this
+	// handler were absent (no rejection, no replay, no header, no body
+	// limit), while the store still records the first request with each
+	// key and every later one is classified. The would-be outcome goes to
+	// {http.idempotency.outcome}, the access log and the counter
+	// caddy_http_idempotency_observed_total. A store error never affects
+	// the request.
+	Mode string `json:"mode,omitempty"`
+
+	// A JSON Pointer (RFC 6901) into the request body where the key is
+	// found when the request carries no key header: webhook senders put
+	// the delivery id there (/id for Stripe events). A string is the key
+	// (under the key syntax and max_key_length); an integer is its decimal
+	// text. The header wins when present; a body without the member has no
+	// key.
+	KeyJSON string `json:"key_json,omitempty"`
+
 	backend      StorageBackend // the storage module
 	backendName  string         // its name: memory, redis, postgres
 	store        storage.Store  // the backend's store
@@ -154,6 +178,8 @@ type Handler struct {
 	methods      []string
 	headerKey    string
 	scope        *scopeTemplate
+	keyJSON      *fingerprint.Pointer // nil without key_json
+	observing    bool                 // mode observe
 	replayHeader string
 	releaseOn    statusSet
 	fingerprint  *fingerprint.Fingerprinter
@@ -167,11 +193,18 @@ type FingerprintConfig struct {
 	// Default: ["Content-Type"].
 	Headers []string `json:"headers,omitempty"`
 
-	// Compare JSON bodies by meaning rather than bytes (member order,
-	// whitespace, string escapes and number spelling do not matter).
-	// Bodies that are not valid JSON are compared byte for byte.
-	// Default: true.
+	// Compare bodies declared as JSON (application/json, */*+json) by
+	// meaning rather than bytes: member order, whitespace, string escapes
+	// and number spelling do not matter. A body declared as JSON that is
+	// not valid JSON is refused with 400. Every other body is compared
+	// byte for byte. Default: true.
 	CanonicalJSON *bool `json:"canonical_json,omitempty"`
+
+	// JSON Pointers (RFC 6901) of members left out of the fingerprint of
+	// JSON bodies, at any depth (an absent one is fine): fields a client
+	// stamps on each attempt, such as /sent_at or /metadata/nonce. Needs
+	// canonical_json.
+	Ignore []string `json:"ignore,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -202,8 +235,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.headerKey = textproto.CanonicalMIMEHeaderKey(h.Header)
 	h.scope, _ = newScopeTemplate(h.Scope) // checked
-	canonical := h.Fingerprint.CanonicalJSON == nil || *h.Fingerprint.CanonicalJSON
-	h.fingerprint = fingerprint.New(h.Fingerprint.Headers, canonical)
+	h.fingerprint, _ = h.Fingerprint.fingerprinter() // checked
+	if h.KeyJSON != "" {
+		p, _ := fingerprint.ParsePointer(h.KeyJSON) // checked
+		h.keyJSON = &p
+	}
+	h.observing = h.Mode == modeObserve
 	h.releaseOn, _ = parseStatusSet(h.ReleaseOn) // checked
 	switch h.ReplayHeader {
 	case replayHeaderOff:
@@ -261,6 +298,26 @@ func (h *Handler) setDefaults() {
 	if h.ReplayHeader == "" {
 		h.ReplayHeader = defaultReplayHeader
 	}
+	if h.Mode == "" {
+		h.Mode = modeEnforce
+	}
+}
+
+// fingerprinter builds the Fingerprinter fc describes, and checks it.
+func (fc *FingerprintConfig) fingerprinter() (*fingerprint.Fingerprinter, error) {
+	opts := fingerprint.Options{Headers: fc.Headers, CanonicalJSON: fc.CanonicalJSON == nil || *fc.CanonicalJSON}
+	for _, s := range fc.Ignore {
+		p, err := fingerprint.ParsePointer(s)
+		if err != nil {
+			return nil, fmt.Errorf("fingerprint ignore: %v", err)
+		}
+		opts.Ignore = append(opts.Ignore, p)
+	}
+	f, err := fingerprint.NewFingerprinter(opts)
+	if err != nil {
+		return nil, errors.New("fingerprint ignore needs canonical_json: members can only be left out of bodies compared as JSON")
+	}
+	return f, nil
 }
 
 // loadStorage loads the storage backend and wires the handler to its
@@ -319,6 +376,13 @@ func (h *Handler) check() error {
 		return errors.New("scope must not be blank; to share keys between all clients, use a constant such as 'global'")
 	case strings.Contains(h.Scope, placeholderMark):
 		return errors.New("scope must not contain a NUL character")
+	case h.Mode != "" && h.Mode != modeEnforce && h.Mode != modeObserve:
+		return fmt.Errorf("mode must be %s or %s, got '%s'", modeEnforce, modeObserve, h.Mode)
+	}
+	if h.KeyJSON != "" {
+		if _, err := fingerprint.ParsePointer(h.KeyJSON); err != nil {
+			return fmt.Errorf("key_json: %v", err)
+		}
 	}
 	for _, m := range h.Methods {
 		if !isToken(m) {
@@ -333,6 +397,9 @@ func (h *Handler) check() error {
 			if !isToken(name) {
 				return fmt.Errorf("fingerprint headers: %q is not a valid header name", name)
 			}
+		}
+		if _, err := h.Fingerprint.fingerprinter(); err != nil {
+			return err
 		}
 	}
 	if h.ReplayHeader != "" && h.ReplayHeader != replayHeaderOff && !isToken(h.ReplayHeader) {

@@ -41,6 +41,13 @@ func countOutcome(o outcome) {
 	}
 }
 
+// countObserved counts one request of observe mode.
+func countObserved(o outcome) {
+	if c := metrics.observedByOutcome[o]; c != nil {
+		c.Inc()
+	}
+}
+
 // Placeholders set on the requests this handler answers.
 const (
 	placeholderOutcome = "http.idempotency.outcome"
@@ -54,7 +61,12 @@ const (
 // log and a debug log.
 func (h *Handler) settle(r *http.Request, repl *caddy.Replacer, o outcome) {
 	repl.Set(placeholderOutcome, string(o))
-	countOutcome(o)
+	if h.observing {
+		countObserved(o)
+	} else {
+		countOutcome(o)
+	}
+	traceOutcome(r.Context(), o, repl, h.backendName)
 	kh, _ := repl.GetString(placeholderKeyHash)
 	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
 		extra.Add(zap.String("idempotency_outcome", string(o)))

@@ -36,17 +36,26 @@ type problemBody struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
+	// Differs names the parts of a request that differ from the one a
+	// reused key was first used for (422 only).
+	Differs []string `json:"differs,omitempty"`
 }
 
 // writeProblem answers with p as application/problem+json, linking
 // docsURL when it is set. Problem responses are never stored and never
 // cached.
 func writeProblem(w http.ResponseWriter, docsURL string, p problem, detail string) error {
+	return writeProblemWith(w, docsURL, p, detail, nil)
+}
+
+// writeProblemWith is writeProblem with the differs member.
+func writeProblemWith(w http.ResponseWriter, docsURL string, p problem, detail string, differs []string) error {
 	body, err := json.Marshal(problemBody{
-		Type:   problemTypeBase + p.slug,
-		Title:  p.title,
-		Status: p.status,
-		Detail: detail,
+		Type:    problemTypeBase + p.slug,
+		Title:   p.title,
+		Status:  p.status,
+		Detail:  detail,
+		Differs: differs,
 	})
 	if err != nil {
 		return err

@@ -121,8 +121,8 @@ type Response struct {
 	// Detail is opaque data about the request that produced the response,
 	// kept with the record (the Caddy module keeps salted digests of the
 	// request's parts, so that a later request reusing the key can be told
-	// what differs). Stores return it as Record.Detail with Mismatch, not
-	// with the response.
+	// what differs). Stores return it as Record.Detail, not in the
+	// Response.
 	Detail []byte
 }
 
@@ -141,8 +141,8 @@ type Record struct {
 	// ExpiresAt is when the lease lapses (InFlight) or when the record
 	// expires (Completed).
 	ExpiresAt time.Time
-	// Detail is the Response.Detail the record was completed with. Reserve
-	// returns it, and only it, with Mismatch.
+	// Detail is the Response.Detail the record was completed with.
+	// Reserve returns it with Replay, and alone with Mismatch.
 	Detail []byte
 }
 

@@ -89,9 +89,13 @@ func (c *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 		e = nil
 	}
 	sh.mu.Unlock()
-	// A mismatch goes to the store, which has the record's Detail; a
-	// cached record without a Detail would answer it the same way.
-	if e != nil && bytes.Equal(e.rec.Fingerprint, fp) {
+	if e != nil {
+		if !bytes.Equal(e.rec.Fingerprint, fp) {
+			if len(e.rec.Detail) == 0 {
+				return storage.Reservation{Outcome: storage.Mismatch}, nil
+			}
+			return storage.Reservation{Outcome: storage.Mismatch, Record: &storage.Record{Detail: e.rec.Detail}}, nil
+		}
 		return storage.Reservation{Outcome: storage.Replay, Record: e.rec}, nil
 	}
 	res, err := c.Store.Reserve(ctx, key, fp, lease)

@@ -109,5 +109,6 @@ func (s *Store) completed(e *entry, withBody bool) *storage.Record {
 		Response:    resp,
 		CreatedAt:   s.at(e.created),
 		ExpiresAt:   s.at(e.expires),
+		Detail:      e.detail,
 	}
 }

@@ -134,6 +134,9 @@ func (r *existingRow) reservation(fp []byte) (storage.Reservation, error) {
 		}
 		rec.State = storage.Completed
 		rec.Response = resp
+		if len(r.detail) > 0 {
+			rec.Detail = r.detail
+		}
 		return storage.Reservation{Outcome: storage.Replay, Record: rec}, nil
 	}
 	return storage.Reservation{}, fmt.Errorf("postgres reserve: %w: state %d", storage.ErrCorrupt, r.state)

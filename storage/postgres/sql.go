@@ -30,8 +30,7 @@ const existing = `e.fingerprint = $3 AS same, e.state, e.created_at, e.expires_a
 	COALESCE(e.status, 0) AS status,
 	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.headers END AS headers,
 	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.body END AS body,
-	e.body_omitted,
-	CASE WHEN e.fingerprint <> $3 THEN e.detail END AS detail`
+	e.body_omitted, e.detail`
 
 func newStatements(table string) statements {
 	q := func(s string) string { return strings.ReplaceAll(s, "{table}", table) }

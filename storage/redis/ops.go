@@ -49,9 +49,12 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 			ExpiresAt:   time.UnixMilli(r.int(2)),
 		}}
 	case 4:
-		n = 5
+		n = 6
 		rec, err := completedRecord(bytes.Clone(fp), r.int(1), r.int(2), r.bytes(3), r.bytes(4), true)
 		r.fail(err)
+		if rec != nil {
+			rec.Detail = r.bytes(5)
+		}
 		res = storage.Reservation{Outcome: storage.Replay, Record: rec}
 	default:
 		r.fail(fmt.Errorf("%w: unknown outcome %d", storage.ErrCorrupt, outcome))

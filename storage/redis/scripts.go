@@ -34,7 +34,7 @@ local function corrupt() return redis.error_reply('CORRUPT idempotency record') 
 // reserveScript claims the key or reports what holds it.
 // ARGV: fingerprint, token, lease ms, keep ms (the in-flight key's PEXPIRE).
 // Reply: {1} acquired | {2, detail} mismatch | {3, created, lapse}
-// conflict | {4, created, expiry, head, body} replay.
+// conflict | {4, created, expiry, head, body, detail} replay.
 //
 // A live lease carrying the caller's own token is reported as acquired:
 // the token is fresh for every Reserve call, so only a retry of this very
@@ -49,9 +49,9 @@ if r[1] or r[4] then
     if r[2] == ARGV[2] then return {1} end
     if r[1] ~= ARGV[1] then return {2, redis.call('HGET', key, 'd') or ''} end
     if r[2] then return {3, tonumber(r[3]) or 0, e} end
-    local hb = redis.call('HMGET', key, 'h', 'b')
+    local hb = redis.call('HMGET', key, 'h', 'b', 'd')
     if not hb[1] then return corrupt() end
-    return {4, tonumber(r[3]) or 0, e, hb[1], hb[2] or ''}
+    return {4, tonumber(r[3]) or 0, e, hb[1], hb[2] or '', hb[3] or ''}
   end
   -- Expired or lapsed: take it over; waiters on the old lease look again.
   wake(r[5])

@@ -24,8 +24,8 @@ func testMismatchCarriesTheDetail(f *fixture) {
 	if res.Record == nil || !bytes.Equal(res.Record.Detail, detail) {
 		f.t.Fatalf("mismatch with a completed record: record %+v, want Detail %q", res.Record, detail)
 	}
-	if rep := f.want(key, fpA, longLease, storage.Replay); string(rep.Record.Response.Body) != "done" {
-		f.t.Fatalf("replay body %q", rep.Record.Response.Body)
+	if rep := f.want(key, fpA, longLease, storage.Replay); string(rep.Record.Response.Body) != "done" || !bytes.Equal(rep.Record.Detail, detail) {
+		f.t.Fatalf("replay body %q, Detail %q; want done and %q", rep.Record.Response.Body, rep.Record.Detail, detail)
 	}
 	// Again after the replay, which a caching store may have kept.
 	if res := f.want(key, fpB, longLease, storage.Mismatch); res.Record == nil || !bytes.Equal(res.Record.Detail, detail) {

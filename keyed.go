@@ -1,0 +1,159 @@
+package idempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// keyedRequest is a request whose key, scope, body and fingerprint are
+// known: everything the store is asked with. Done releases what it holds.
+type keyedRequest struct {
+	key    storage.Key
+	fp     []byte
+	sum    [fingerprint.Size]byte // fp's storage
+	body   *bufferedBody
+	unhold func()
+}
+
+func (k *keyedRequest) done() {
+	k.body.Close()
+	k.unhold()
+}
+
+// refusal is why a request cannot be keyed: the outcome, and in enforce
+// mode the problem it is answered with (none for passed).
+type refusal struct {
+	outcome outcome
+	problem problem
+	detail  string
+	err     error // a failure to read the body, answered by Caddy
+}
+
+// keyRequest finds the request's key, scope and body and fingerprints it,
+// holding the store from before the body is read. The key comes from the
+// key header, or from the JSON body with key_json. The request's key hash
+// is set (marking it as taken for inner handlers) once it has a key.
+func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (*keyedRequest, *refusal) {
+	values := r.Header[h.headerKey]
+	if len(values) == 0 && h.keyJSON == nil {
+		return nil, h.noKey()
+	}
+	var id string
+	if len(values) > 0 {
+		var err error
+		if id, err = fingerprint.ParseKey(values, h.MaxKeyLength); err != nil {
+			return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: err.Error()}
+		}
+	}
+	scope, ok := h.scope.evaluate(repl)
+	if !ok {
+		return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid,
+			detail: "the request carries no client identity to scope the key to"}
+	}
+	// Hold the store before reading the body: a reload that replaces the
+	// storage config while a slow client uploads must not close it under
+	// the request.
+	unhold, ok := h.holdStore()
+	if !ok {
+		return nil, &refusal{outcome: outcomeStoreError, err: errStoreClosed}
+	}
+	body, err := readBody(r, h.MaxBodySize)
+	if err != nil {
+		unhold()
+		if errors.Is(err, errBodyTooLarge) {
+			return nil, &refusal{outcome: outcomeTooLarge, problem: problemTooLarge,
+				detail: fmt.Sprintf("requests with an %s may carry at most %d bytes", h.Header, h.MaxBodySize)}
+		}
+		return nil, &refusal{outcome: outcomeInvalid, err: err}
+	}
+	k := &keyedRequest{body: body, unhold: unhold}
+	if id == "" {
+		var ref *refusal
+		if id, ref = h.keyFromBody(body.Bytes()); ref != nil {
+			k.done()
+			return nil, ref
+		}
+	}
+	k.key = storage.Key{Scope: hashHex(scope), ID: id}
+	repl.Set(placeholderKeyHash, k.key.Hash())
+
+	fp, canonical := h.fingerprint.SumJSON(k.sum[:0], r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, body.Bytes())
+	if !canonical && h.fingerprint.CanonicalJSON() && body.Len() > 0 && fingerprint.DeclaresJSON(r.Header) && !json.Valid(body.Bytes()) {
+		// A body that says it is JSON and is not cannot be compared by
+		// meaning, and no JSON upstream can act on it: refuse it here,
+		// before anything is stored.
+		k.done()
+		return nil, &refusal{outcome: outcomeInvalid, problem: problemBodyNotJSON,
+			detail: "the request body is declared as JSON but is not valid JSON"}
+	}
+	k.fp = fp
+	return k, nil
+}
+
+// noKey is the refusal of a request without a key.
+func (h *Handler) noKey() *refusal {
+	if !h.Required {
+		return &refusal{outcome: outcomePassed}
+	}
+	detail := fmt.Sprintf("this endpoint requires an %s header with a unique key per operation", h.Header)
+	if h.keyJSON != nil {
+		detail = fmt.Sprintf("this endpoint requires an %s header, or a JSON body with the key at %s", h.Header, h.keyJSON)
+	}
+	return &refusal{outcome: outcomeMissing, problem: problemKeyMissing, detail: detail}
+}
+
+// keyFromBody finds the key at key_json in a JSON body: a string under the
+// key syntax, or an integer as its decimal text. A body that is not JSON,
+// or has no member there (or null), has no key.
+func (h *Handler) keyFromBody(body []byte) (string, *refusal) {
+	v, found, err := h.keyJSON.Lookup(body)
+	if err != nil || !found || string(v) == "null" {
+		return "", h.noKey()
+	}
+	invalid := func(why string) *refusal {
+		return &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: fmt.Sprintf("the key at %s %s", h.keyJSON, why)}
+	}
+	switch {
+	case v[0] == '"':
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			return "", invalid("is not a valid JSON string")
+		}
+		id, err := fingerprint.ParseKey([]string{s}, h.MaxKeyLength)
+		if err != nil || bytes.ContainsRune([]byte(s), '"') {
+			return "", invalid("must be visible ASCII without commas or quotes, at most " + fmt.Sprint(h.MaxKeyLength) + " bytes")
+		}
+		return id, nil
+	case isJSONInteger(v):
+		if len(v) > h.MaxKeyLength {
+			return "", invalid(fmt.Sprintf("is longer than %d digits", h.MaxKeyLength))
+		}
+		return string(v), nil
+	}
+	return "", invalid("is not a string or an integer")
+}
+
+// isJSONInteger reports whether v is a JSON number without a fraction or
+// an exponent.
+func isJSONInteger(v []byte) bool {
+	if len(v) > 0 && v[0] == '-' {
+		v = v[1:]
+	}
+	if len(v) == 0 || (v[0] == '0' && len(v) > 1) {
+		return false
+	}
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,88 @@
+package idempotency
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// waitFor returns how long a request that found its key in flight waits
+// for the first request to finish: what it asks with `Prefer: wait=<s>`
+// (RFC 7240), capped at wait_timeout, or wait_timeout with in_flight wait
+// when it asks nothing; asked says whether it asked.
+func (h *Handler) waitFor(r *http.Request) (wait time.Duration, asked bool) {
+	maxWait := time.Duration(h.WaitTimeout)
+	if asked, ok := preferredWait(r.Header); ok {
+		return min(asked, maxWait), true
+	}
+	if h.InFlight == inFlightWait {
+		return maxWait, false
+	}
+	return 0, false
+}
+
+// preferredWait reads the wait preference of the Prefer header fields:
+// `wait=<delta-seconds>`, possibly quoted, with or without parameters.
+func preferredWait(h http.Header) (time.Duration, bool) {
+	for _, field := range h.Values("Prefer") {
+		for pref := range strings.SplitSeq(field, ",") {
+			pref, _, _ = strings.Cut(pref, ";")
+			name, value, hasValue := strings.Cut(strings.TrimSpace(pref), "=")
+			if !hasValue || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			value = strings.Trim(strings.TrimSpace(value), `"`)
+			secs, err := strconv.ParseUint(value, 10, 32)
+			if err != nil {
+				return 0, false // a malformed preference is ignored
+			}
+			return time.Duration(min(secs, math.MaxInt32)) * time.Second, true
+		}
+	}
+	return 0, false
+}
+
+// preferenceApplied is the Preference-Applied value for a wait of d.
+func preferenceApplied(d time.Duration) string {
+	return "wait=" + strconv.FormatInt(int64(math.Ceil(d.Seconds())), 10)
+}
+
+// await blocks while the first request with key runs, for up to wait, and
+// returns what the store holds then: a Replay when it completed, Acquired
+// when it released the key (this request runs instead), still Conflict on
+// timeout.
+func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res storage.Reservation, wait time.Duration) (storage.Reservation, error) {
+	deadline := time.Now().Add(wait)
+	pause := 10 * time.Millisecond
+	for res.Outcome == storage.Conflict {
+		remaining := time.Until(deadline)
+		if remaining <= 0 || ctx.Err() != nil {
+			return res, nil
+		}
+		if h.waiter == nil || h.waiter.Wait(ctx, key, min(remaining, time.Second)) != nil {
+			// No notifications (or they failed): poll with backoff.
+			sleep(ctx, min(pause, remaining))
+			pause = min(2*pause, 250*time.Millisecond)
+		}
+		var err error
+		if res, err = h.reserve(ctx, key, fp); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// sleep waits for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
