@@ -234,7 +234,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.methods[i] = strings.ToUpper(m)
 	}
 	h.headerKey = textproto.CanonicalMIMEHeaderKey(h.Header)
-	h.scope, _ = newScopeTemplate(h.Scope) // checked
+	h.scope, _ = newScopeTemplate(h.Scope)           // checked
 	h.fingerprint, _ = h.Fingerprint.fingerprinter() // checked
 	if h.KeyJSON != "" {
 		p, _ := fingerprint.ParsePointer(h.KeyJSON) // checked

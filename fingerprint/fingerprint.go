@@ -2,8 +2,8 @@ package fingerprint
 
 import (
 	"crypto/sha256"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"hash"
 	"net/http"
 	"net/textproto"

@@ -96,7 +96,7 @@ func TestIgnoredMembersAreLeftOutOfTheFingerprint(t *testing.T) {
 	different := []string{
 		`{"amount":11,"sent_at":"2026-01-01T00:00:00Z","metadata":{"nonce":"a","k":1},"items":[1,2,3]}`,
 		`{"amount":10,"metadata":{"nonce":"a","k":2},"items":[1,2,3]}`,
-		`{"amount":10,"metadata":{"k":1},"items":[1,2]}`,       // an element fewer: positions count
+		`{"amount":10,"metadata":{"k":1},"items":[1,2]}`,         // an element fewer: positions count
 		`{"amount":10,"metadata":{"k":1},"items":[1,2,3],"x":1}`, // a member more
 	}
 	for _, b := range different {
