@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -207,9 +208,13 @@ func TestPassedIsCountedOnceThroughNestedHandlers(t *testing.T) {
 	}
 }
 
-func testCounter(o outcome) float64 {
+func testCounter(o outcome) float64 { return counterValue(metrics.byOutcome[o]) }
+
+func testObserved(o outcome) float64 { return counterValue(metrics.observedByOutcome[o]) }
+
+func counterValue(c prometheus.Counter) float64 {
 	var m dto.Metric
-	if err := metrics.byOutcome[o].Write(&m); err != nil {
+	if err := c.Write(&m); err != nil {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()

@@ -1,0 +1,109 @@
+package idempotency
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func TestFeatureOptionsParse(t *testing.T) {
+	h, err := cfParse(cfBlock("mode observe", "key_json /data/object/id", "wait_timeout 5s", "fingerprint {", "\tignore /sent_at /a~1b", "}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Mode != "observe" || h.KeyJSON != "/data/object/id" || h.WaitTimeout != caddy.Duration(5*time.Second) ||
+		h.Fingerprint == nil || strings.Join(h.Fingerprint.Ignore, " ") != "/sent_at /a~1b" {
+		t.Fatalf("parsed %+v %+v", h, h.Fingerprint)
+	}
+}
+
+func TestFeatureOptionErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		body []string
+		line int
+		want []string
+	}{
+		{"bad mode", []string{"mode strict"}, 3, []string{"mode", "enforce", "observe", "'strict'"}},
+		{"key_json without a slash", []string{"key_json id"}, 3, []string{"key_json", "must start with '/'"}},
+		{"key_json bad escape", []string{"key_json /a~2"}, 3, []string{"key_json", "'~'"}},
+		{"ignore without canonical JSON", []string{"fingerprint {", "\tcanonical_json false", "\tignore /sent_at", "}"}, 6, []string{"ignore needs canonical_json"}},
+		{"ignore bad pointer", []string{"fingerprint {", "\tignore sent_at", "}"}, 5, []string{"fingerprint ignore", "must start with '/'"}},
+		{"wait_timeout twice", []string{"in_flight wait 3s", "wait_timeout 5s"}, 4, []string{"wait_timeout", "already given"}},
+		{"wait timeout twice the other way", []string{"wait_timeout 5s", "in_flight wait 3s"}, 4, []string{"already given by wait_timeout"}},
+		{"wait_timeout zero", []string{"wait_timeout 0s"}, 3, []string{"wait_timeout", "positive"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := cfParse(cfBlock(tt.body...))
+			cfCheckErr(t, err, tt.line, tt.want...)
+		})
+	}
+	for _, config := range []string{`{"mode":"strict"}`, `{"key_json":"id"}`, `{"fingerprint":{"canonical_json":false,"ignore":["/a"]}}`} {
+		var h Handler
+		if err := json.Unmarshal([]byte(config), &h); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.check(); err == nil {
+			t.Errorf("%s: no error", config)
+		}
+	}
+}
+
+func TestPreferredWait(t *testing.T) {
+	for header, want := range map[string]time.Duration{
+		"wait=5":                    5 * time.Second,
+		"respond-async, wait=10":    10 * time.Second,
+		`WAIT="3"`:                  3 * time.Second,
+		"wait=2; foo=bar":           2 * time.Second,
+		"handling=lenient, wait=0":  0,
+		"return=minimal":            -1,
+		"wait":                      -1,
+		"wait=soon":                 -1,
+		"wait=-1":                   -1,
+		"waiting=5":                 -1,
+		"wait=99999999999999999999": -1,
+	} {
+		got, ok := preferredWait(http.Header{"Prefer": {header}})
+		if (want < 0 && ok) || (want >= 0 && (!ok || got != want)) {
+			t.Errorf("Prefer: %s = %v, %v; want %v", header, got, ok, want)
+		}
+	}
+}
+
+func TestWaitIsTheLesserOfPreferenceAndWaitTimeout(t *testing.T) {
+	h := isolated(t, &Handler{WaitTimeout: caddy.Duration(3 * time.Second)})
+	r := request("k", "{}")
+	r.Header.Set("Prefer", "wait=30")
+	if wait, asked := h.waitFor(r); wait != 3*time.Second || !asked {
+		t.Errorf("wait=30 under wait_timeout 3s: %v %v", wait, asked)
+	}
+	if wait, _ := h.waitFor(request("k", "{}")); wait != 0 {
+		t.Errorf("no preference on a reject route: waits %v", wait)
+	}
+	w := isolated(t, &Handler{InFlight: "wait", WaitTimeout: caddy.Duration(3 * time.Second)})
+	if wait, asked := w.waitFor(request("k", "{}")); wait != 3*time.Second || asked {
+		t.Errorf("no preference on a wait route: %v %v", wait, asked)
+	}
+	r.Header.Set("Prefer", "wait=0")
+	if wait, _ := w.waitFor(r); wait != 0 {
+		t.Errorf("wait=0 on a wait route: waits %v", wait)
+	}
+}
+
+func TestObserveModeCountsOnlyObserved(t *testing.T) {
+	h := isolated(t, &Handler{Mode: "observe"})
+	initMetrics()
+	requests, observed := testCounter(outcomeNew), testObserved(outcomeNew)
+	serve(h, &upstream{}, request("o", "{}"))
+	if got := testCounter(outcomeNew) - requests; got != 0 {
+		t.Errorf("requests_total{new} grew by %v in observe mode", got)
+	}
+	if got := testObserved(outcomeNew) - observed; got != 1 {
+		t.Errorf("observed_total{new} grew by %v, want 1", got)
+	}
+}
