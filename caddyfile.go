@@ -53,6 +53,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    docs_url <url>
 //	    mode enforce|observe
 //	    key_json <JSON Pointer>
+//	    errors problem|handle_errors
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the directive name
@@ -114,6 +115,8 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, opt string) error {
 		return durationArg(d, &h.WaitTimeout)
 	case "mode":
 		return oneOfArg(d, &h.Mode, modeEnforce, modeObserve)
+	case "errors":
+		return oneOfArg(d, &h.Errors, errorsProblem, errorsHandleErrors)
 	case "key_json":
 		return stringArg(d, &h.KeyJSON)
 	case "on_storage_error":

@@ -213,14 +213,13 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 // mismatch answers a request that reuses a key for another request with a
 // 422 that names what differs (never a value), when the record says.
 func (h *Handler) mismatch(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, k *keyedRequest, rec *storage.Record) error {
-	h.settle(r, repl, outcomeMismatch)
 	detail := fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.Header)
 	differs := h.differs(r, k, rec)
 	if len(differs) > 0 {
 		detail = fmt.Sprintf("this %s was already used for a request that differs in %s; use a new key for a new operation",
 			h.Header, strings.Join(differs, ", "))
 	}
-	return writeProblemWith(w, h.DocsURL, problemMismatch, detail, differs)
+	return h.rejectWith(w, r, repl, outcomeMismatch, problemMismatch, detail, differs)
 }
 
 // differs names the parts of the request that differ from the recorded
@@ -263,10 +262,20 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 		"the request was not processed; retry later with the same key")
 }
 
-// reject answers with a problem response and records the outcome.
+// reject answers with a problem and records the outcome.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, o outcome, p problem, detail string) error {
+	return h.rejectWith(w, r, repl, o, p, detail, nil)
+}
+
+// rejectWith is reject with the differs of a 422. With errors
+// handle_errors the problem goes to the site's error routes instead.
+func (h *Handler) rejectWith(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, o outcome, p problem, detail string, differs []string) error {
 	h.settle(r, repl, o)
-	return writeProblem(w, h.DocsURL, p, detail)
+	repl.Set(placeholderProblem, p.typeURI())
+	if h.Errors == errorsHandleErrors {
+		return caddyhttp.Error(p.status, errors.New(detail))
+	}
+	return writeProblemWith(w, h.DocsURL, p, detail, differs)
 }
 
 // reserve claims key for this request. A reservation that an earlier

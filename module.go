@@ -45,6 +45,9 @@ const (
 	minTTL         = caddy.Duration(time.Second)
 	minLockTimeout = caddy.Duration(time.Second)
 
+	errorsProblem      = "problem"
+	errorsHandleErrors = "handle_errors"
+
 	modeEnforce = "enforce"
 	modeObserve = "observe"
 
@@ -160,6 +163,15 @@ type Handler struct {
 	// caddy_http_idempotency_observed_total. A store error never affects
 	// the request.
 	Mode string `json:"mode,omitempty"`
+
+	// How rejections are answered: "problem" (default) writes an RFC 9457
+	// problem+json response; "handle_errors" returns each rejection (400,
+	// 409, 413, 422, 429, 503) as a handler error with its status, for
+	// the site's handle_errors routes to render, where
+	// {http.error.status_code}, {http.error.message} (the detail) and
+	// {http.idempotency.problem} (the problem type) tell them apart.
+	// Retry-After is set on 409, 429 and 503 either way.
+	Errors string `json:"errors,omitempty"`
 
 	// A JSON Pointer (RFC 6901) into the request body where the key is
 	// found when the request carries no key header: webhook senders put
@@ -301,6 +313,9 @@ func (h *Handler) setDefaults() {
 	if h.Mode == "" {
 		h.Mode = modeEnforce
 	}
+	if h.Errors == "" {
+		h.Errors = errorsProblem
+	}
 }
 
 // fingerprinter builds the Fingerprinter fc describes, and checks it.
@@ -378,6 +393,8 @@ func (h *Handler) check() error {
 		return errors.New("scope must not contain a NUL character")
 	case h.Mode != "" && h.Mode != modeEnforce && h.Mode != modeObserve:
 		return fmt.Errorf("mode must be %s or %s, got '%s'", modeEnforce, modeObserve, h.Mode)
+	case h.Errors != "" && h.Errors != errorsProblem && h.Errors != errorsHandleErrors:
+		return fmt.Errorf("errors must be %s or %s, got '%s'", errorsProblem, errorsHandleErrors, h.Errors)
 	}
 	if h.KeyJSON != "" {
 		if _, err := fingerprint.ParsePointer(h.KeyJSON); err != nil {

@@ -54,6 +54,9 @@ const (
 	// placeholderKeyHash is set once a handler has taken the request's
 	// key, and marks the request as taken for inner idempotency handlers.
 	placeholderKeyHash = "http.idempotency.key_hash"
+	// placeholderProblem is the problem type of a rejection, for the
+	// site's handle_errors routes.
+	placeholderProblem = "http.idempotency.problem"
 )
 
 // settle records how the handler answered a request: in the

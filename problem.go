@@ -26,6 +26,9 @@ var (
 	problemStoreFull   = problem{http.StatusServiceUnavailable, "store-full", "Idempotency store is full"}
 )
 
+// typeURI is the problem's type.
+func (p problem) typeURI() string { return problemTypeBase + p.slug }
+
 // problemTypeBase prefixes problem slugs to make type URIs: stable
 // identifiers that do not depend on any deployment.
 const problemTypeBase = "urn:caddy-idempotency:"
@@ -51,7 +54,7 @@ func writeProblem(w http.ResponseWriter, docsURL string, p problem, detail strin
 // writeProblemWith is writeProblem with the differs member.
 func writeProblemWith(w http.ResponseWriter, docsURL string, p problem, detail string, differs []string) error {
 	body, err := json.Marshal(problemBody{
-		Type:    problemTypeBase + p.slug,
+		Type:    p.typeURI(),
 		Title:   p.title,
 		Status:  p.status,
 		Detail:  detail,

@@ -1,0 +1,40 @@
+package e2e
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// With `errors handle_errors`, rejections reach the site's handle_errors
+// routes, as Caddy users render errors site-wide.
+func TestRejectionsCanBeRenderedByHandleErrors(t *testing.T) {
+	up := newUpstream(t)
+	inst := startCaddy(t, "caddy", site{routes: route(up, "errors handle_errors\nrequired") +
+		"\thandle_errors {\n\t\trespond \"custom {http.error.status_code} {http.idempotency.problem}: {http.error.message}\"\n\t}\n"})
+	want := func(what string, r reply, status int, problem string) {
+		t.Helper()
+		prefix := "custom " + strconv.Itoa(status) + " urn:caddy-idempotency:" + problem + ": "
+		if r.status != status || !strings.HasPrefix(string(r.body), prefix) || len(r.body) == len(prefix) {
+			t.Fatalf("%s: %s, want %d rendered by handle_errors as %q followed by the detail", what, describe(r), status, prefix)
+		}
+	}
+	want("no key", post(inst.URL(), "/orders", "", `{}`), 400, "key-missing")
+	want("malformed key", post(inst.URL(), "/orders", "a b", `{}`), 400, "key-invalid")
+	if r := post(inst.URL(), "/orders", "he", `{"amount":1}`); !r.isNew() {
+		t.Fatalf("first: %s", describe(r))
+	}
+	r := post(inst.URL(), "/orders", "he", `{"amount":2}`)
+	want("reuse for another request", r, 422, "key-reused")
+	if !strings.Contains(string(r.body), "/amount") {
+		t.Errorf("the 422's message %q does not name what differs", r.body)
+	}
+	running(t, up, inst, "busy", `{}`, time.Second)
+	r = post(inst.URL(), "/orders", "busy", `{}`)
+	want("while the first runs", r, 409, "request-outstanding")
+	if r.header.Get("Retry-After") != "1" {
+		t.Errorf("409 through handle_errors: Retry-After %q, want 1", r.header.Get("Retry-After"))
+	}
+}
+
