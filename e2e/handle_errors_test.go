@@ -37,4 +37,3 @@ func TestRejectionsCanBeRenderedByHandleErrors(t *testing.T) {
 		t.Errorf("409 through handle_errors: Retry-After %q, want 1", r.header.Get("Retry-After"))
 	}
 }
-
