@@ -242,6 +242,20 @@ type Store interface {
 	Close() error
 }
 
+// HashFinder is implemented by stores that can find records from the Hash
+// of their key alone: how an operator gets from a log line (key_hash) to
+// a record without the client's key or credentials. It may scan the whole
+// store and is meant for occasional use.
+type HashFinder interface {
+	// GetByHash returns the live records whose key's Hash is hash: one,
+	// or several only when 64-bit hashes collide; none is not an error.
+	// Response bodies are included only when withBody is true.
+	GetByHash(ctx context.Context, hash string, withBody bool) ([]*Record, error)
+
+	// DeleteByHash deletes those records and returns how many it deleted.
+	DeleteByHash(ctx context.Context, hash string) (int, error)
+}
+
 // Waiter is implemented by stores that can tell a waiting request when an
 // in-flight record may have changed, instead of having it poll.
 type Waiter interface {

@@ -75,36 +75,18 @@ func (s *Store) Get(ctx context.Context, key storage.Key, withBody bool) (*stora
 	if err := s.ensureSchema(ctx); err != nil {
 		return nil, s.fail("get", err)
 	}
-	var (
-		rec           storage.Record
-		state         int16
-		token         int64
-		status        int32
-		headers, body []byte
-		bodyOmitted   bool
-	)
-	err := s.queryRow(ctx, s.sql.get,
-		[]any{&rec.Fingerprint, &state, &token, &rec.CreatedAt, &rec.ExpiresAt, &status, &headers, &body, &bodyOmitted},
-		key.Scope, key.ID, withBody)
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, key.Scope, key.ID, withBody))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, storage.ErrNotFound
+	case errors.Is(err, storage.ErrCorrupt):
+		return nil, fmt.Errorf("postgres get: %w", err)
 	case err != nil:
 		return nil, s.fail("get", err)
 	}
-	switch state {
-	case stateInFlight:
-		rec.State = storage.InFlight
-		rec.Token = storage.Token(token)
-	case stateCompleted:
-		rec.State = storage.Completed
-		if rec.Response, err = response(status, headers, body, bodyOmitted); err != nil {
-			return nil, fmt.Errorf("postgres get: %w", err)
-		}
-	default:
-		return nil, fmt.Errorf("postgres get: %w: state %d", storage.ErrCorrupt, state)
-	}
-	return &rec, nil
+	return rec, nil
 }
 
 // Delete implements storage.Store. Like Get, it sees live rows only: an

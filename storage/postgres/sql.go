@@ -19,6 +19,7 @@ const (
 type statements struct {
 	reserve, lookup                           string
 	complete, release, renew, get, delete     string
+	getByHash, deleteByHash                   string
 	cleanupBatch, tryCleanupLock, cleanupDone string
 }
 
@@ -31,6 +32,12 @@ const existing = `e.fingerprint = $3 AS same, e.state, e.created_at, e.expires_a
 	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.headers END AS headers,
 	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.body END AS body,
 	e.body_omitted, e.detail`
+
+// byHash is the condition of getByHash and deleteByHash.
+const byHash = `substring(sha256(
+	CASE WHEN octet_length(scope) < 128 THEN set_byte('\x00'::bytea, 0, octet_length(scope))
+	ELSE set_byte(set_byte('\x0000'::bytea, 0, (octet_length(scope) & 127) | 128), 1, octet_length(scope) >> 7) END
+	|| convert_to(scope, 'UTF8') || convert_to(key, 'UTF8')) from 1 for 8) = $1`
 
 func newStatements(table string) statements {
 	q := func(s string) string { return strings.ReplaceAll(s, "{table}", table) }
@@ -100,6 +107,16 @@ WHERE ctid = ANY (ARRAY(
 	LIMIT $2))
 	AND expires_at <= now()
 	AND (state = 2 OR expires_at <= now() - $1::bigint * interval '1 microsecond')`),
+		// The rows whose key's Hash (storage.Key.Hash) is $1: the first
+		// 8 bytes of SHA-256 over the scope's length as a uvarint, the
+		// scope and the key, computed for every live row (a scan, for
+		// operators' occasional lookups). The uvarint is spelled out for
+		// scopes shorter than 16384 bytes (the module's are 64).
+		getByHash: q(`SELECT fingerprint, state, token, created_at, expires_at,
+	COALESCE(status, 0), headers, CASE WHEN $2 THEN body END, body_omitted
+FROM {table} WHERE expires_at > now() AND ` + byHash),
+		deleteByHash: q(`DELETE FROM {table} WHERE expires_at > now() AND ` + byHash),
+
 		tryCleanupLock: `SELECT pg_try_advisory_lock($1)`,
 		cleanupDone:    `SELECT pg_advisory_unlock($1)`,
 	}

@@ -112,11 +112,16 @@ func (s *Store) Renew(ctx context.Context, key storage.Key, token storage.Token,
 func (s *Store) Get(ctx context.Context, key storage.Key, withBody bool) (*storage.Record, error) {
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
+	return s.getName(ctx, s.keyName(key), withBody)
+}
+
+// getName is Get of the record under the Redis key name.
+func (s *Store) getName(ctx context.Context, name string, withBody bool) (*storage.Record, error) {
 	flag := "0"
 	if withBody {
 		flag = "1"
 	}
-	v, err := s.run(ctx, getScript, key, flag)
+	v, err := s.runKey(ctx, getScript, name, flag)
 	if err != nil {
 		return nil, fmt.Errorf("redis get: %w", err)
 	}
@@ -164,7 +169,12 @@ func (s *Store) Get(ctx context.Context, key storage.Key, withBody bool) (*stora
 func (s *Store) Delete(ctx context.Context, key storage.Key) error {
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
-	v, err := s.run(ctx, deleteScript, key)
+	return s.deleteName(ctx, s.keyName(key))
+}
+
+// deleteName is Delete of the record under the Redis key name.
+func (s *Store) deleteName(ctx context.Context, name string) error {
+	v, err := s.runKey(ctx, deleteScript, name)
 	if err != nil {
 		return fmt.Errorf("redis delete: %w", err)
 	}

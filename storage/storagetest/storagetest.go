@@ -45,6 +45,7 @@ var suite = []subtest{
 	{"ReserveSameFingerprintWhileInFlightConflicts", testReserveSameFingerprintWhileInFlightConflicts},
 	{"ReserveOtherFingerprintMismatches", testReserveOtherFingerprintMismatches},
 	{"MismatchCarriesTheDetail", testMismatchCarriesTheDetail},
+	{"FindByHash", testFindByHash},
 	{"ReplayReturnsRecordedResponse", testReplayReturnsRecordedResponse},
 	{"EmptyBodyReplays", testEmptyBodyReplays},
 	{"BodyOmittedIsKept", testBodyOmittedIsKept},

@@ -1,0 +1,37 @@
+package cache
+
+import (
+	"context"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+var _ storage.HashFinder = (*Store)(nil)
+
+// GetByHash implements storage.HashFinder when the wrapped store does
+// (none found otherwise).
+func (c *Store) GetByHash(ctx context.Context, hash string, withBody bool) ([]*storage.Record, error) {
+	if f, ok := c.Store.(storage.HashFinder); ok {
+		return f.GetByHash(ctx, hash, withBody)
+	}
+	return nil, nil
+}
+
+// DeleteByHash implements storage.HashFinder, dropping the cached records
+// too.
+func (c *Store) DeleteByHash(ctx context.Context, hash string) (int, error) {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		for key := range sh.items {
+			if key.Hash() == hash {
+				delete(sh.items, key)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	if f, ok := c.Store.(storage.HashFinder); ok {
+		return f.DeleteByHash(ctx, hash)
+	}
+	return 0, nil
+}
