@@ -25,7 +25,8 @@ func init() {
 // clear records. It is provisioned before any handler, so it finds the
 // live stores at request time, in the pool every handler shares. It
 // inherits the admin endpoint's access controls (listen address, origin
-// checks, remote admin permissions).
+// checks, remote admin permissions), and answers errors as Caddy's own
+// endpoints do (caddy.APIError: {"error": "..."}).
 type adminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -54,21 +55,14 @@ type storeInfo struct {
 // handleStores lists the live stores: GET /idempotency/stores.
 func (adminAPI) handleStores(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
-		return adminProblem(w, http.StatusMethodNotAllowed, "use GET")
+		return apiError(http.StatusMethodNotAllowed, "use GET")
 	}
-	return writeJSON(w, http.StatusOK, liveStores())
-}
-
-func liveStores() []storeInfo {
 	list := []storeInfo{}
-	stores.Range(func(k, v any) bool {
-		id := k.(string)
-		refs, _ := stores.References(id)
-		list = append(list, storeInfo{ID: id, Backend: v.(*pooledStore).backend, Handlers: refs})
-		return true
-	})
-	slices.SortFunc(list, func(a, b storeInfo) int { return strings.Compare(a.ID, b.ID) })
-	return list
+	for _, s := range liveStores("") {
+		refs, _ := stores.References(s.id)
+		list = append(list, storeInfo{ID: s.id, Backend: s.backend, Handlers: refs})
+	}
+	return writeJSON(w, list)
 }
 
 // recordView is a record as the admin API shows it.
@@ -86,58 +80,107 @@ type recordView struct {
 	Body        string      `json:"body,omitempty"` // base64, only with body=true
 }
 
-// handleKeys shows (GET) or deletes (DELETE) the record of one key:
+// keysAnswer is what GET and DELETE /idempotency/keys answer.
+type keysAnswer struct {
+	Records []recordView `json:"records"`
+	Deleted bool         `json:"deleted"`
+}
+
+// handleKeys shows (GET) or deletes (DELETE) the records of one key,
+// named by the key_hash of the module's logs and placeholders alone, or
+// by the key and the client's scope:
 //
-//	/idempotency/keys?key=<key>&scope=<scope value>[&store=<id>][&body=true]
+//	/idempotency/keys?key_hash=<16 hex digits>[&store=<id>][&body=true]
 //	/idempotency/keys?key=<key>&scope_hash=<hex sha-256 of the scope>
+//	/idempotency/keys?key=<key>&scope=<evaluated scope template>
 //
-// scope is the evaluated scope template (e.g. "api.example.com Bearer
-// abc"); it is hashed here exactly as the handler hashes it. Without
-// store, every live store is searched.
+// Without store, every live store is searched.
 func (adminAPI) handleKeys(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodDelete {
-		return adminProblem(w, http.StatusMethodNotAllowed, "use GET or DELETE")
+		return apiError(http.StatusMethodNotAllowed, "use GET or DELETE")
 	}
 	q := r.URL.Query()
-	key, err := adminKey(q.Get("key"), q.Get("scope"), q.Get("scope_hash"), q.Has("scope"))
+	find, err := finderOf(q)
 	if err != nil {
-		return adminProblem(w, http.StatusBadRequest, err.Error())
+		return apiError(http.StatusBadRequest, err.Error())
+	}
+	targets := liveStores(q.Get("store"))
+	if len(targets) == 0 {
+		if q.Get("store") != "" {
+			return apiError(http.StatusNotFound, fmt.Sprintf("no live store %q (see /idempotency/stores)", q.Get("store")))
+		}
+		return apiError(http.StatusNotFound, "no idempotency store is in use")
 	}
 	withBody, _ := strconv.ParseBool(q.Get("body"))
-	targets, err := storesNamed(q.Get("store"))
-	if err != nil {
-		return adminProblem(w, http.StatusNotFound, err.Error())
-	}
-
-	var found []recordView
+	del := r.Method == http.MethodDelete
+	answer := keysAnswer{Records: []recordView{}, Deleted: del}
 	for _, t := range targets {
-		var rec *storage.Record
-		if r.Method == http.MethodDelete {
-			rec, err = t.store.Get(r.Context(), key, false)
-			if err == nil {
-				err = t.store.Delete(r.Context(), key)
-			}
-		} else {
-			rec, err = t.store.Get(r.Context(), key, withBody)
+		recs, err := find(r, t, withBody && !del, del)
+		if err != nil {
+			return apiError(http.StatusBadGateway, fmt.Sprintf("store %s: %v", t.id, err))
 		}
-		switch {
-		case errors.Is(err, storage.ErrNotFound):
-			continue
-		case err != nil:
-			return adminProblem(w, http.StatusBadGateway, fmt.Sprintf("store %s: %v", t.id, err))
+		for _, rec := range recs {
+			answer.Records = append(answer.Records, viewOf(t.id, rec.hash, rec.Record, withBody && !del))
 		}
-		found = append(found, viewOf(t.id, key, rec, withBody))
 	}
-	if len(found) == 0 {
-		return adminProblem(w, http.StatusNotFound, "no live record for this key and scope")
+	if len(answer.Records) == 0 {
+		return apiError(http.StatusNotFound, "no live record for this key")
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"records": found, "deleted": r.Method == http.MethodDelete})
+	return writeJSON(w, answer)
+}
+
+// foundRecord is a record and its key's hash.
+type foundRecord struct {
+	*storage.Record
+	hash string
+}
+
+// finder looks records up in one store, deleting them with del.
+type finder func(r *http.Request, t liveStore, withBody, del bool) ([]foundRecord, error)
+
+// finderOf reads how the query names the records.
+func finderOf(q map[string][]string) (finder, error) {
+	get := func(k string) string {
+		if v := q[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	_, hasScope := q["scope"]
+	if kh := strings.ToLower(get("key_hash")); kh != "" {
+		if get("key") != "" || hasScope || get("scope_hash") != "" {
+			return nil, errors.New("give key_hash alone, or key with scope or scope_hash")
+		}
+		if b, err := hex.DecodeString(kh); err != nil || len(b) != storage.HashLen/2 {
+			return nil, fmt.Errorf("key_hash must be %d hex digits, as logged", storage.HashLen)
+		}
+		return func(r *http.Request, t liveStore, withBody, del bool) ([]foundRecord, error) {
+			return t.byHash(r, kh, withBody, del)
+		}, nil
+	}
+	key, err := adminKey(get("key"), get("scope"), get("scope_hash"), hasScope)
+	if err != nil {
+		return nil, err
+	}
+	return func(r *http.Request, t liveStore, withBody, del bool) ([]foundRecord, error) {
+		rec, err := t.timed.Get(r.Context(), key, withBody)
+		if err == nil && del {
+			err = t.timed.Delete(r.Context(), key)
+		}
+		if errors.Is(err, storage.ErrNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return []foundRecord{{rec, key.Hash()}}, nil
+	}, nil
 }
 
 // adminKey builds the store key from the query.
 func adminKey(id, scope, scopeHash string, hasScope bool) (storage.Key, error) {
 	if id == "" {
-		return storage.Key{}, errors.New("the key query parameter is required")
+		return storage.Key{}, errors.New("give key_hash (as logged), or key with scope or scope_hash")
 	}
 	switch {
 	case hasScope && scopeHash != "":
@@ -150,37 +193,61 @@ func adminKey(id, scope, scopeHash string, hasScope bool) (storage.Key, error) {
 		}
 		return storage.Key{Scope: strings.ToLower(scopeHash), ID: id}, nil
 	}
-	return storage.Key{}, errors.New("the scope or scope_hash query parameter is required")
+	return storage.Key{}, errors.New("the scope or scope_hash query parameter is required with key")
 }
 
-type namedStore struct {
-	id    string
-	store storage.Store
+// liveStore is a store of the pool, timed like the handlers' stores so
+// that the admin API's calls show in the latency histogram.
+type liveStore struct {
+	id, backend string
+	store       storage.Store
+	timed       *timedStore
 }
 
-// storesNamed returns the live store with that id, or all of them.
-func storesNamed(id string) ([]namedStore, error) {
-	var out []namedStore
-	stores.Range(func(k, v any) bool {
-		if id == "" || k.(string) == id {
-			out = append(out, namedStore{id: k.(string), store: v.(*pooledStore).Store})
-		}
-		return true
-	})
-	if len(out) == 0 {
-		if id != "" {
-			return nil, fmt.Errorf("no live store %q (see /idempotency/stores)", id)
-		}
-		return nil, errors.New("no idempotency store is in use")
+// byHash finds (and with del deletes) the records whose key hash is kh.
+func (t liveStore) byHash(r *http.Request, kh string, withBody, del bool) ([]foundRecord, error) {
+	finder, ok := t.store.(storage.HashFinder)
+	if !ok {
+		return nil, nil // a third-party store that cannot: nothing found there
 	}
-	slices.SortFunc(out, func(a, b namedStore) int { return strings.Compare(a.id, b.id) })
+	op := "get"
+	start, span := t.timed.begin(r.Context(), op)
+	recs, err := finder.GetByHash(r.Context(), kh, withBody)
+	t.timed.end(op, start, span, err)
+	if err == nil && del && len(recs) > 0 {
+		op = "delete"
+		start, span = t.timed.begin(r.Context(), op)
+		_, err = finder.DeleteByHash(r.Context(), kh)
+		t.timed.end(op, start, span, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]foundRecord, len(recs))
+	for i, rec := range recs {
+		out[i] = foundRecord{rec, kh}
+	}
 	return out, nil
 }
 
-func viewOf(storeID string, key storage.Key, rec *storage.Record, withBody bool) recordView {
+// liveStores returns the live store with that id, or all of them, by id.
+func liveStores(id string) []liveStore {
+	var out []liveStore
+	stores.Range(func(k, v any) bool {
+		if id == "" || k.(string) == id {
+			p := v.(*pooledStore)
+			out = append(out, liveStore{id: k.(string), backend: p.backend, store: p.Store, timed: newTimedStore(p.Store, p.backend)})
+		}
+		return true
+	})
+	slices.SortFunc(out, func(a, b liveStore) int { return strings.Compare(a.id, b.id) })
+	return out
+}
+
+func viewOf(storeID, keyHash string, rec *storage.Record, withBody bool) recordView {
 	v := recordView{
 		Store:       storeID,
-		KeyHash:     key.Hash(),
+		KeyHash:     keyHash,
 		State:       rec.State.String(),
 		Fingerprint: hex.EncodeToString(rec.Fingerprint),
 		CreatedAt:   rec.CreatedAt.UTC(),
@@ -197,24 +264,14 @@ func viewOf(storeID string, key storage.Key, rec *storage.Record, withBody bool)
 	return v
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) error {
+func writeJSON(w http.ResponseWriter, v any) error {
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
 	return json.NewEncoder(w).Encode(v)
 }
 
-// adminProblem answers an admin request with an RFC 9457 problem.
-func adminProblem(w http.ResponseWriter, status int, detail string) error {
-	body, _ := json.Marshal(problemBody{
-		Type:   "about:blank",
-		Title:  http.StatusText(status),
-		Status: status,
-		Detail: detail,
-	})
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_, err := w.Write(body)
-	return err
+// apiError is an admin API error as Caddy's admin endpoint renders it.
+func apiError(status int, msg string) error {
+	return caddy.APIError{HTTPStatus: status, Err: errors.New(msg)}
 }
 
 // Interface guard

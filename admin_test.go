@@ -3,6 +3,7 @@ package idempotency
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
 )
@@ -29,7 +32,12 @@ func adminCall(t *testing.T, method, path string) (int, map[string]any) {
 	}
 	w := httptest.NewRecorder()
 	if err := handler(w, httptest.NewRequest(method, path, nil)); err != nil {
-		t.Fatalf("admin handler error: %v", err)
+		// As Caddy's admin endpoint renders an error.
+		var apiErr caddy.APIError
+		if !errors.As(err, &apiErr) || apiErr.HTTPStatus == 0 {
+			t.Fatalf("admin handler error %v is not a caddy.APIError with a status", err)
+		}
+		return apiErr.HTTPStatus, map[string]any{"error": apiErr.Err.Error()}
 	}
 	var body map[string]any
 	if w.Body.Len() > 0 && w.Body.Bytes()[0] == '{' {
@@ -100,12 +108,18 @@ func testAdminShowsAndDeletes(t *testing.T, h *Handler) {
 	if code != http.StatusOK {
 		t.Fatalf("GET by scope_hash: %d", code)
 	}
+	// So does the key_hash of the logs alone, in any store.
+	kh := rec["key_hash"].(string)
+	code, body = adminCall(t, http.MethodGet, "/idempotency/keys?key_hash="+kh)
+	if code != http.StatusOK || len(body["records"].([]any)) != 1 || body["records"].([]any)[0].(map[string]any)["key_hash"] != kh {
+		t.Fatalf("GET by key_hash: %d %v", code, body)
+	}
 
 	if code, _ := adminCall(t, http.MethodDelete, keysPath("admin-key", scope, sel)); code != http.StatusOK {
 		t.Fatalf("DELETE: %d", code)
 	}
-	if code, body := adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel)); code != http.StatusNotFound || body["type"] == nil {
-		t.Fatalf("GET after DELETE: %d %v, want a 404 problem", code, body)
+	if code, body := adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel)); code != http.StatusNotFound || body["error"] == nil {
+		t.Fatalf("GET after DELETE: %d %v, want a 404 error", code, body)
 	}
 	r = request("admin-key", `{"a":2}`) // another body: a fresh run, not a 422
 	r.Header.Set("Authorization", "Bearer alice")
@@ -151,7 +165,7 @@ func TestAdminClearsAKeyStuckInFlight(t *testing.T) {
 	}
 }
 
-func TestAdminErrorsAreProblems(t *testing.T) {
+func TestAdminErrorsAreCaddyAPIErrors(t *testing.T) {
 	isolated(t, &Handler{}) // at least one live store
 	cases := []struct {
 		method, path string
@@ -163,13 +177,16 @@ func TestAdminErrorsAreProblems(t *testing.T) {
 		{http.MethodGet, "/idempotency/keys?key=k&scope_hash=zz", http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key=k&scope=x&store=nosuch", http.StatusNotFound},
 		{http.MethodGet, "/idempotency/keys?key=never-used&scope=x", http.StatusNotFound},
+		{http.MethodGet, "/idempotency/keys?key_hash=0123", http.StatusBadRequest},
+		{http.MethodGet, "/idempotency/keys?key_hash=0123456789abcdef&key=k", http.StatusBadRequest},
+		{http.MethodGet, "/idempotency/keys?key_hash=0123456789abcdef", http.StatusNotFound},
 		{http.MethodPost, "/idempotency/keys?key=k&scope=x", http.StatusMethodNotAllowed},
 		{http.MethodDelete, "/idempotency/stores", http.StatusMethodNotAllowed},
 	}
 	for _, c := range cases {
 		code, body := adminCall(t, c.method, c.path)
-		if code != c.status || body["title"] == nil || body["detail"] == nil {
-			t.Errorf("%s %s: %d %v, want a %d problem", c.method, c.path, code, body, c.status)
+		if code != c.status || body["error"] == nil {
+			t.Errorf("%s %s: %d %v, want a %d error", c.method, c.path, code, body, c.status)
 		}
 	}
 }
