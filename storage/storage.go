@@ -242,6 +242,13 @@ type Store interface {
 	Close() error
 }
 
+// Pinger is implemented by stores that reach a server: Ping checks that it
+// answers, so that a misconfiguration shows at start-up rather than with
+// the first request.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // HashFinder is implemented by stores that can find records from the Hash
 // of their key alone: how an operator gets from a log line (key_hash) to
 // a record without the client's key or credentials. It may scan the whole

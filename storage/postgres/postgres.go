@@ -177,6 +177,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// Ping implements storage.Pinger.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
 // Pool returns the store's connection pool, for its statistics. It is
 // closed by Close; do not close it yourself.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }

@@ -98,6 +98,7 @@ type Store struct {
 var (
 	_ storage.Store  = (*Store)(nil)
 	_ storage.Waiter = (*Store)(nil)
+	_ storage.Pinger = (*Store)(nil)
 )
 
 // New returns a Store that keeps its records through client and takes
@@ -126,6 +127,14 @@ func (s *Store) Close() error {
 		s.closeErr = s.client.Close()
 	})
 	return s.closeErr
+}
+
+// Ping implements storage.Pinger: every node answers PING.
+func (s *Store) Ping(ctx context.Context) error {
+	if cc, ok := s.client.(*goredis.ClusterClient); ok {
+		return cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error { return c.Ping(ctx).Err() })
+	}
+	return s.client.Ping(ctx).Err()
 }
 
 // keyName returns the Redis key of a record: the prefix and the hex of the

@@ -35,3 +35,14 @@ func (c *Store) DeleteByHash(ctx context.Context, hash string) (int, error) {
 	}
 	return 0, nil
 }
+
+var _ storage.Pinger = (*Store)(nil)
+
+// Ping implements storage.Pinger when the wrapped store does (nil
+// otherwise).
+func (c *Store) Ping(ctx context.Context) error {
+	if p, ok := c.Store.(storage.Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
