@@ -13,7 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/caddy-idempotency/caddy-idempotency/storage/redis/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 )
 
 // These tests run the handler on the Redis store: the shared server

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/redis/redistest"
 )
 
 // waitResult is what one Wait call returned, and after how long.
