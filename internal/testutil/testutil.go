@@ -26,9 +26,9 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() boo
 	}
 }
 
-// InCI reports whether this is a CI run (CI=true), where nothing a test
+// inCI reports whether this is a CI run (CI=true), where nothing a test
 // needs may be missing.
-func InCI() bool { return os.Getenv("CI") == "true" }
+func inCI() bool { return os.Getenv("CI") == "true" }
 
 // Unavailable skips a test that cannot run or conclude here: a server that
 // does not answer, a binary that is not installed, a machine too stalled
@@ -36,7 +36,7 @@ func InCI() bool { return os.Getenv("CI") == "true" }
 // instead: CI must never pass by skipping.
 func Unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
-	if InCI() {
+	if inCI() {
 		t.Fatalf(format+" (CI=true: failing instead of skipping)", args...)
 	}
 	t.Skipf(format, args...)
