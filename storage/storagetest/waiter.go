@@ -21,7 +21,7 @@ const (
 	// times out fails the wake-up tests.
 	maxWait   = 5 * time.Second
 	wakeAfter = 100 * time.Millisecond
-	wakeBound = 3 * time.Second
+	wakeBound = 2 * time.Second
 )
 
 // WaitProbe is an optional interface of the store handed to Run. A store
