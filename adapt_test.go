@@ -1,7 +1,8 @@
-package idempotency
+package idempotency_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -11,28 +12,33 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddytest"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	idempotency "github.com/caddy-idempotency/caddy-idempotency"
 )
 
 // The adapt fixtures in testdata/adapt follow Caddy's own
 // caddytest/integration/caddyfile_adapt format: a Caddyfile, a line of
-// dashes, and the JSON the Caddyfile adapter must produce for it.
+// dashes, and the JSON the Caddyfile adapter must produce for it, compared
+// with caddytest.CompareAdapt as Caddy compares its own.
 //
 // After changing the parser, regenerate them with
 //
 //	go test -run TestAdaptFixtures -update .
 //
 // and read the diff: the fixtures are only worth what that review is.
-var updateAdaptFixtures = flag.Bool("update", false, "rewrite testdata/adapt/*.caddyfiletest with the adapter's current output")
+var update = flag.Bool("update", false, "rewrite testdata/adapt/*.caddyfiletest with the adapter's current output")
 
-// atSeparator matches the line of dashes between the two halves of a
+// separator matches the line of dashes between the two halves of a
 // fixture.
-var atSeparator = regexp.MustCompile(`(?m)^-{10,}[ \t]*\r?\n?`)
+var separator = regexp.MustCompile(`(?m)^-{10,}[ \t]*\r?\n?`)
 
-// atAdapt adapts a Caddyfile named "Caddyfile" and returns its JSON,
-// tab-indented, failing the test on warnings.
-func atAdapt(t *testing.T, caddyfileText string) []byte {
+// adapt adapts a Caddyfile named "Caddyfile" and returns its JSON,
+// tab-indented as the fixtures spell it, failing the test on warnings.
+func adapt(t *testing.T, caddyfileText string) []byte {
 	t.Helper()
 	adapter := caddyconfig.GetAdapter("caddyfile")
 	if adapter == nil {
@@ -45,58 +51,27 @@ func atAdapt(t *testing.T, caddyfileText string) []byte {
 	for _, w := range warnings {
 		t.Errorf("adapt warning: %s:%d: %s: %s", w.File, w.Line, w.Directive, w.Message)
 	}
-	return atIndent(t, out)
+	var indented bytes.Buffer
+	if err := json.Indent(&indented, out, "", "\t"); err != nil {
+		t.Fatalf("invalid JSON: %v\n%s", err, out)
+	}
+	return indented.Bytes()
 }
 
-// atIndent re-indents JSON so that both sides of a comparison are spelled
-// alike.
-func atIndent(t *testing.T, raw []byte) []byte {
+// provisionJSON decodes a handler's JSON config the way Caddy does, then
+// provisions and validates it in a context cancelled when the test ends.
+func provisionJSON(t *testing.T, config []byte) error {
 	t.Helper()
-	var compact bytes.Buffer
-	if err := json.Compact(&compact, raw); err != nil {
-		t.Fatalf("invalid JSON: %v\n%s", err, raw)
+	h := new(idempotency.Handler)
+	if err := caddy.StrictUnmarshalJSON(config, h); err != nil {
+		return fmt.Errorf("decoding: %w", err)
 	}
-	var out bytes.Buffer
-	if err := json.Indent(&out, compact.Bytes(), "", "\t"); err != nil {
-		t.Fatal(err)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		return err
 	}
-	return out.Bytes()
-}
-
-// atDiff is a line diff of want and got (longest common subsequence),
-// "-" for lines only in want and "+" for lines only in got.
-func atDiff(want, got string) string {
-	a, b := strings.Split(want, "\n"), strings.Split(got, "\n")
-	lcs := make([][]int, len(a)+1)
-	for i := range lcs {
-		lcs[i] = make([]int, len(b)+1)
-	}
-	for i := len(a) - 1; i >= 0; i-- {
-		for j := len(b) - 1; j >= 0; j-- {
-			if a[i] == b[j] {
-				lcs[i][j] = lcs[i+1][j+1] + 1
-			} else {
-				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
-			}
-		}
-	}
-	var sb strings.Builder
-	i, j := 0, 0
-	for i < len(a) || j < len(b) {
-		switch {
-		case i < len(a) && j < len(b) && a[i] == b[j]:
-			sb.WriteString("  " + a[i] + "\n")
-			i++
-			j++
-		case i < len(a) && (j == len(b) || lcs[i+1][j] >= lcs[i][j+1]):
-			sb.WriteString("- " + a[i] + "\n")
-			i++
-		default:
-			sb.WriteString("+ " + b[j] + "\n")
-			j++
-		}
-	}
-	return sb.String()
+	return h.Validate()
 }
 
 func TestAdaptFixtures(t *testing.T) {
@@ -113,24 +88,20 @@ func TestAdaptFixtures(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			parts := atSeparator.Split(string(data), 2)
+			parts := separator.Split(string(data), 2)
 			if len(parts) != 2 {
 				t.Fatalf("%s: no line of dashes between the Caddyfile and the JSON", file)
 			}
 			caddyfileText := strings.TrimSpace(parts[0]) + "\n"
-			got := atAdapt(t, caddyfileText)
+			got := adapt(t, caddyfileText)
 
-			if *updateAdaptFixtures {
+			if *update {
 				fixture := caddyfileText + "----------\n" + string(got) + "\n"
 				if err := os.WriteFile(file, []byte(fixture), 0o644); err != nil {
 					t.Fatal(err)
 				}
-			} else {
-				want := atIndent(t, []byte(strings.TrimSpace(parts[1])))
-				if !bytes.Equal(want, got) {
-					t.Errorf("adapted JSON differs from %s (- want, + got; regenerate with -update and review):\n%s",
-						file, atDiff(string(want), string(got)))
-				}
+			} else if !caddytest.CompareAdapt(t, file, caddyfileText, "caddyfile", strings.TrimSpace(parts[1])) {
+				t.Errorf("adapted JSON differs from %s (diff above: - want, + got); regenerate with -update and review", file)
 			}
 
 			// Whatever the fixture says, the adapted config of each
@@ -139,14 +110,12 @@ func TestAdaptFixtures(t *testing.T) {
 			if err := json.Unmarshal(got, &cfg); err != nil {
 				t.Fatal(err)
 			}
-			handlers := atFindHandlers(cfg, "idempotency")
+			handlers := findHandlers(cfg, "idempotency")
 			if len(handlers) == 0 {
 				t.Fatal("no idempotency handler in the adapted config")
 			}
 			for _, raw := range handlers {
-				h := mtFromJSON(t, string(raw))
-				ctx, _ := mtContext(t)
-				if err := mtProvision(t, ctx, h); err != nil {
+				if err := provisionJSON(t, raw); err != nil {
 					t.Errorf("provisioning adapted handler %s: %v", raw, err)
 				}
 			}
@@ -154,9 +123,9 @@ func TestAdaptFixtures(t *testing.T) {
 	}
 }
 
-// atFindHandlers returns the JSON of every handler object named name
+// findHandlers returns the JSON of every handler object named name
 // anywhere in cfg, "handler" key removed, in document order.
-func atFindHandlers(cfg any, name string) []json.RawMessage {
+func findHandlers(cfg any, name string) []json.RawMessage {
 	var found []json.RawMessage
 	var walk func(v any)
 	walk = func(v any) {
@@ -185,9 +154,9 @@ func atFindHandlers(cfg any, name string) []json.RawMessage {
 	return found
 }
 
-// atHandlerOrder returns the names of the handlers of the first server's
+// handlerOrder returns the names of the handlers of the first server's
 // routes, in the order a request meets them (subroutes flattened).
-func atHandlerOrder(t *testing.T, adapted []byte) []string {
+func handlerOrder(t *testing.T, adapted []byte) []string {
 	t.Helper()
 	var cfg struct {
 		Apps struct {
@@ -265,7 +234,7 @@ func TestAdaptOrderAfterEncode(t *testing.T) {
 	}
 	for name, site := range sites {
 		t.Run(name, func(t *testing.T) {
-			order := atHandlerOrder(t, atAdapt(t, site))
+			order := handlerOrder(t, adapt(t, site))
 			pos := make(map[string]int)
 			for i, h := range order {
 				if _, dup := pos[h]; dup {

@@ -4,8 +4,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -13,8 +11,6 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
 )
 
 // adminCall runs one admin API request against the module's handlers.
@@ -69,76 +65,68 @@ func storeID(t *testing.T, h *Handler) string {
 	return id
 }
 
-// testAdminShowsAndDeletes exercises the admin API on h's store.
-func testAdminShowsAndDeletes(t *testing.T, h *Handler) {
-	up := &upstream{}
-	r := request("admin-key", `{"a":1}`)
-	r.Header.Set("Authorization", "Bearer alice")
-	serve(h, up, r)
-	scope := "example.com Bearer alice"
-	sel := "&store=" + url.QueryEscape(storeID(t, h))
+// TestAdminShowsAndDeletesRecords reads a record through the admin API,
+// with and without its body and by scope or scope hash, deletes it, and
+// finds the key free again.
+func TestAdminShowsAndDeletesRecords(t *testing.T) {
+	backends(t).run(func(t *testing.T, b *backend) {
+		h := b.handler(t, &Handler{})
+		up := &upstream{}
+		r := request("admin-key", `{"a":1}`)
+		r.Header.Set("Authorization", "Bearer alice")
+		serve(h, up, r)
+		scope := "example.com Bearer alice"
+		sel := "&store=" + url.QueryEscape(storeID(t, h))
 
-	code, body := adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel))
-	if code != http.StatusOK {
-		t.Fatalf("GET: %d %v", code, body)
-	}
-	recs := body["records"].([]any)
-	if len(recs) != 1 {
-		t.Fatalf("records %v", recs)
-	}
-	rec := recs[0].(map[string]any)
-	if rec["state"] != "completed" || rec["status"] != float64(http.StatusCreated) || rec["key_hash"] == "" {
-		t.Fatalf("record %v", rec)
-	}
-	if _, ok := rec["body"]; ok {
-		t.Fatal("body shown without body=true")
-	}
-	if len(rec["fingerprint"].(string)) != 64 || rec["expires_at"] == "" || rec["created_at"] == "" {
-		t.Fatalf("record lacks fingerprint or times: %v", rec)
-	}
+		code, body := adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel))
+		if code != http.StatusOK {
+			t.Fatalf("GET: %d %v", code, body)
+		}
+		recs := body["records"].([]any)
+		if len(recs) != 1 {
+			t.Fatalf("records %v", recs)
+		}
+		rec := recs[0].(map[string]any)
+		if rec["state"] != "completed" || rec["status"] != float64(http.StatusCreated) || rec["key_hash"] == "" {
+			t.Fatalf("record %v", rec)
+		}
+		if _, ok := rec["body"]; ok {
+			t.Fatal("body shown without body=true")
+		}
+		if len(rec["fingerprint"].(string)) != 64 || rec["expires_at"] == "" || rec["created_at"] == "" {
+			t.Fatalf("record lacks fingerprint or times: %v", rec)
+		}
 
-	code, body = adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel+"&body=true"))
-	got, _ := base64.StdEncoding.DecodeString(body["records"].([]any)[0].(map[string]any)["body"].(string))
-	if code != http.StatusOK || string(got) != `{"order":42}` {
-		t.Fatalf("GET body=true: %d %q", code, got)
-	}
+		code, body = adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel+"&body=true"))
+		got, _ := base64.StdEncoding.DecodeString(body["records"].([]any)[0].(map[string]any)["body"].(string))
+		if code != http.StatusOK || string(got) != `{"order":42}` {
+			t.Fatalf("GET body=true: %d %q", code, got)
+		}
 
-	// The hashed form of the scope names the same record.
-	code, _ = adminCall(t, http.MethodGet, "/idempotency/keys?key=admin-key&scope_hash="+hashHex(scope)+sel)
-	if code != http.StatusOK {
-		t.Fatalf("GET by scope_hash: %d", code)
-	}
-	// So does the key_hash of the logs alone, in any store.
-	kh := rec["key_hash"].(string)
-	code, body = adminCall(t, http.MethodGet, "/idempotency/keys?key_hash="+kh)
-	if code != http.StatusOK || len(body["records"].([]any)) != 1 || body["records"].([]any)[0].(map[string]any)["key_hash"] != kh {
-		t.Fatalf("GET by key_hash: %d %v", code, body)
-	}
+		// The hashed form of the scope names the same record.
+		code, _ = adminCall(t, http.MethodGet, "/idempotency/keys?key=admin-key&scope_hash="+hashHex(scope)+sel)
+		if code != http.StatusOK {
+			t.Fatalf("GET by scope_hash: %d", code)
+		}
+		// So does the key_hash of the logs alone, in any store.
+		kh := rec["key_hash"].(string)
+		code, body = adminCall(t, http.MethodGet, "/idempotency/keys?key_hash="+kh)
+		if code != http.StatusOK || len(body["records"].([]any)) != 1 || body["records"].([]any)[0].(map[string]any)["key_hash"] != kh {
+			t.Fatalf("GET by key_hash: %d %v", code, body)
+		}
 
-	if code, _ := adminCall(t, http.MethodDelete, keysPath("admin-key", scope, sel)); code != http.StatusOK {
-		t.Fatalf("DELETE: %d", code)
-	}
-	if code, body := adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel)); code != http.StatusNotFound || body["error"] == nil {
-		t.Fatalf("GET after DELETE: %d %v, want a 404 error", code, body)
-	}
-	r = request("admin-key", `{"a":2}`) // another body: a fresh run, not a 422
-	r.Header.Set("Authorization", "Bearer alice")
-	if w := serve(h, up, r); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
-		t.Fatalf("after DELETE the key must be free: %d", w.Code)
-	}
-}
-
-func TestAdminShowsAndDeletesMemoryRecords(t *testing.T) {
-	testAdminShowsAndDeletes(t, isolated(t, &Handler{}))
-}
-
-func TestAdminShowsAndDeletesRedisRecords(t *testing.T) {
-	testAdminShowsAndDeletes(t, onRedis(t, &Handler{}, sharedRedis(t), redisPrefix(), ""))
-}
-
-func TestAdminShowsAndDeletesPostgresRecords(t *testing.T) {
-	dsn := pgtest.Require(t)
-	testAdminShowsAndDeletes(t, onPostgres(t, &Handler{}, dsn, pgtest.Table(t, dsn), ""))
+		if code, _ := adminCall(t, http.MethodDelete, keysPath("admin-key", scope, sel)); code != http.StatusOK {
+			t.Fatalf("DELETE: %d", code)
+		}
+		if code, body := adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel)); code != http.StatusNotFound || body["error"] == nil {
+			t.Fatalf("GET after DELETE: %d %v, want a 404 problem", code, body)
+		}
+		r = request("admin-key", `{"a":2}`) // another body: a fresh run, not a 422
+		r.Header.Set("Authorization", "Bearer alice")
+		if w := serve(h, up, r); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+			t.Fatalf("after DELETE the key must be free: %d", w.Code)
+		}
+	})
 }
 
 func TestAdminClearsAKeyStuckInFlight(t *testing.T) {
@@ -209,37 +197,4 @@ func TestAdminListsLiveStores(t *testing.T) {
 		}
 	}
 	t.Fatalf("store %s not listed: %+v", id, list)
-}
-
-func TestAdminAPIOnCaddysAdminEndpoint(t *testing.T) {
-	up := newCountingUpstream(t)
-	adminPort := freePort(t)
-	base := loadCaddyfileGlobals(t, freePort(t), fmt.Sprintf("admin 127.0.0.1:%d", adminPort), `
-	idempotency
-	reverse_proxy `+up.Listener.Addr().String())
-	post(t, base+"/orders", "via-admin", `{}`)
-	scope := "127.0.0.1 " // host, then an empty Authorization
-	adminURL := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
-	resp, err := http.Get(adminURL + keysPath("via-admin", scope, ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"state":"completed"`) {
-		t.Fatalf("admin GET: %d %s", resp.StatusCode, b)
-	}
-	req, _ := http.NewRequest(http.MethodDelete, adminURL+keysPath("via-admin", scope, ""), nil)
-	resp, err = http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("admin DELETE: %d", resp.StatusCode)
-	}
-	post(t, base+"/orders", "via-admin", `{}`)
-	if up.calls.Load() != 2 {
-		t.Fatalf("after an admin DELETE the key must run again: %d calls", up.calls.Load())
-	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
@@ -26,12 +27,10 @@ func TestReclaimAfterTheWorkerReleasedTheGhost(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.add(&chore{kind: choreAbandon, key: key, token: res.Token, until: time.Now().Add(time.Minute)})
-	if !eventually(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, "the worker to release the ghost", func() bool {
 		_, err := store.Get(t.Context(), key, false)
 		return err != nil
-	}) {
-		t.Fatal("the worker did not release the ghost")
-	}
+	})
 	if !a.reclaim(key) {
 		t.Fatal("reclaim right after the worker released the ghost: false, want true (look again)")
 	}

@@ -52,8 +52,8 @@ func (f *fakeStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 func TestANewBackendIsOneShortModule(t *testing.T) {
-	h, err := cfParse("idempotency {\n\tstorage testfake {\n\t\tcapacity 100000\n\t}\n}")
-	if err != nil {
+	h := new(Handler)
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n\tstorage testfake {\n\t\tcapacity 100000\n\t}\n}")); err != nil {
 		t.Fatal(err)
 	}
 	if got := string(h.StorageRaw); got != `{"backend":"testfake","capacity":100000}` {

@@ -1,4 +1,4 @@
-package idempotency
+package idempotency_test
 
 import (
 	"encoding/json"
@@ -11,32 +11,28 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	idempotency "github.com/caddy-idempotency/caddy-idempotency"
 )
 
-// cfBool returns a pointer to b, for FingerprintConfig.CanonicalJSON.
-func cfBool(b bool) *bool { return &b }
-
-// cfDur is a caddy.Duration literal.
-func cfDur(d time.Duration) caddy.Duration { return caddy.Duration(d) }
-
-// cfBlock wraps body lines in an idempotency block whose first option line
+// block wraps body lines in an idempotency block whose first option line
 // is line 3 of "Testfile" (line 2 holds a harmless option), so that errors
 // have a line number worth checking.
-func cfBlock(body ...string) string {
+func block(body ...string) string {
 	return "idempotency {\n\theader Idempotency-Key\n\t" + strings.Join(body, "\n\t") + "\n}\n"
 }
 
-// cfParse parses input (starting with the directive name, as the directive
+// parse parses input (starting with the directive name, as the directive
 // helper hands it over) into a fresh Handler.
-func cfParse(input string) (*Handler, error) {
-	h := new(Handler)
+func parse(input string) (*idempotency.Handler, error) {
+	h := new(idempotency.Handler)
 	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
 	return h, err
 }
 
-// cfJSON renders h for failure messages (pointers would print as
+// asJSON renders h for failure messages (pointers would print as
 // addresses).
-func cfJSON(h *Handler) string {
+func asJSON(h *idempotency.Handler) string {
 	b, err := json.Marshal(h)
 	if err != nil {
 		return fmt.Sprintf("%+v (%v)", *h, err)
@@ -48,212 +44,212 @@ func TestCaddyfileOptions(t *testing.T) {
 	tests := []struct {
 		name  string
 		input string
-		want  Handler
+		want  idempotency.Handler
 	}{
 		{
 			name:  "bare directive",
 			input: "idempotency",
-			want:  Handler{},
+			want:  idempotency.Handler{},
 		},
 		{
 			name:  "empty block",
 			input: "idempotency {\n}",
-			want:  Handler{},
+			want:  idempotency.Handler{},
 		},
 		{
 			name:  "storage memory without block",
 			input: "idempotency {\n\tstorage memory\n}",
-			want:  Handler{StorageRaw: json.RawMessage(`{"backend":"memory"}`)},
+			want:  idempotency.Handler{StorageRaw: json.RawMessage(`{"backend":"memory"}`)},
 		},
 		{
 			name:  "storage memory with empty block",
 			input: "idempotency {\n\tstorage memory {\n\t}\n}",
-			want:  Handler{StorageRaw: json.RawMessage(`{"backend":"memory"}`)},
+			want:  idempotency.Handler{StorageRaw: json.RawMessage(`{"backend":"memory"}`)},
 		},
 		{
 			name:  "storage memory max_keys",
 			input: "idempotency {\n\tstorage memory {\n\t\tmax_keys 1000\n\t}\n}",
-			want:  Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":1000}`)},
+			want:  idempotency.Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":1000}`)},
 		},
 		{
 			name:  "storage memory max_keys_per_scope",
 			input: "idempotency {\n\tstorage memory {\n\t\tmax_keys 1000\n\t\tmax_keys_per_scope 50\n\t}\n}",
-			want:  Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":1000,"max_keys_per_scope":50}`)},
+			want:  idempotency.Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":1000,"max_keys_per_scope":50}`)},
 		},
 		{
 			name:  "storage then more options",
 			input: "idempotency {\n\tstorage memory {\n\t\tmax_keys 5\n\t}\n\tttl 1h\n}",
-			want: Handler{
+			want: idempotency.Handler{
 				StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":5}`),
-				TTL:        cfDur(time.Hour),
+				TTL:        caddy.Duration(time.Hour),
 			},
 		},
 		{
 			name:  "ttl",
-			input: cfBlock("ttl 48h"),
-			want:  Handler{Header: "Idempotency-Key", TTL: cfDur(48 * time.Hour)},
+			input: block("ttl 48h"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", TTL: caddy.Duration(48 * time.Hour)},
 		},
 		{
 			name:  "ttl in days",
-			input: cfBlock("ttl 1d"),
-			want:  Handler{Header: "Idempotency-Key", TTL: cfDur(24 * time.Hour)},
+			input: block("ttl 1d"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", TTL: caddy.Duration(24 * time.Hour)},
 		},
 		{
 			name:  "ttl compound",
-			input: cfBlock("ttl 1h30m"),
-			want:  Handler{Header: "Idempotency-Key", TTL: cfDur(90 * time.Minute)},
+			input: block("ttl 1h30m"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", TTL: caddy.Duration(90 * time.Minute)},
 		},
 		{
 			name:  "lock_timeout",
-			input: cfBlock("lock_timeout 45s"),
-			want:  Handler{Header: "Idempotency-Key", LockTimeout: cfDur(45 * time.Second)},
+			input: block("lock_timeout 45s"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", LockTimeout: caddy.Duration(45 * time.Second)},
 		},
 		{
 			name:  "lock_timeout in days",
-			input: cfBlock("lock_timeout 2d"),
-			want:  Handler{Header: "Idempotency-Key", LockTimeout: cfDur(48 * time.Hour)},
+			input: block("lock_timeout 2d"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", LockTimeout: caddy.Duration(48 * time.Hour)},
 		},
 		{
 			name:  "methods are upper-cased",
-			input: cfBlock("methods post Put PATCH"),
-			want:  Handler{Header: "Idempotency-Key", Methods: []string{"POST", "PUT", "PATCH"}},
+			input: block("methods post Put PATCH"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", Methods: []string{"POST", "PUT", "PATCH"}},
 		},
 		{
 			name:  "header",
 			input: "idempotency {\n\theader X-Request-Key\n}",
-			want:  Handler{Header: "X-Request-Key"},
+			want:  idempotency.Handler{Header: "X-Request-Key"},
 		},
 		{
 			name:  "required",
-			input: cfBlock("required"),
-			want:  Handler{Header: "Idempotency-Key", Required: true},
+			input: block("required"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", Required: true},
 		},
 		{
 			name:  "scope single placeholder",
-			input: cfBlock("scope {http.request.header.X-Tenant}"),
-			want:  Handler{Header: "Idempotency-Key", Scope: "{http.request.header.X-Tenant}"},
+			input: block("scope {http.request.header.X-Tenant}"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", Scope: "{http.request.header.X-Tenant}"},
 		},
 		{
 			name:  "scope arguments joined with a space",
-			input: cfBlock("scope {http.request.host}   {http.request.header.X-Tenant} v2"),
-			want:  Handler{Header: "Idempotency-Key", Scope: "{http.request.host} {http.request.header.X-Tenant} v2"},
+			input: block("scope {http.request.host}   {http.request.header.X-Tenant} v2"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", Scope: "{http.request.host} {http.request.header.X-Tenant} v2"},
 		},
 		{
 			name:  "scope quoted template",
-			input: cfBlock(`scope "{http.request.header.Authorization}  {http.request.header.X-Tenant}"`),
-			want:  Handler{Header: "Idempotency-Key", Scope: "{http.request.header.Authorization}  {http.request.header.X-Tenant}"},
+			input: block(`scope "{http.request.header.Authorization}  {http.request.header.X-Tenant}"`),
+			want:  idempotency.Handler{Header: "Idempotency-Key", Scope: "{http.request.header.Authorization}  {http.request.header.X-Tenant}"},
 		},
 		{
 			name:  "max_key_length",
-			input: cfBlock("max_key_length 64"),
-			want:  Handler{Header: "Idempotency-Key", MaxKeyLength: 64},
+			input: block("max_key_length 64"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", MaxKeyLength: 64},
 		},
 		{
 			name:  "max_body_size MiB",
-			input: cfBlock("max_body_size 1MiB"),
-			want:  Handler{Header: "Idempotency-Key", MaxBodySize: 1 << 20},
+			input: block("max_body_size 1MiB"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", MaxBodySize: 1 << 20},
 		},
 		{
 			name:  "max_body_size KB",
-			input: cfBlock("max_body_size 512KB"),
-			want:  Handler{Header: "Idempotency-Key", MaxBodySize: 512_000},
+			input: block("max_body_size 512KB"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", MaxBodySize: 512_000},
 		},
 		{
 			name:  "max_body_size bytes",
-			input: cfBlock("max_body_size 2048"),
-			want:  Handler{Header: "Idempotency-Key", MaxBodySize: 2048},
+			input: block("max_body_size 2048"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", MaxBodySize: 2048},
 		},
 		{
 			name:  "max_response_size MiB",
-			input: cfBlock("max_response_size 4MiB"),
-			want:  Handler{Header: "Idempotency-Key", MaxResponseSize: 4 << 20},
+			input: block("max_response_size 4MiB"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", MaxResponseSize: 4 << 20},
 		},
 		{
 			name:  "max_response_size KB",
-			input: cfBlock("max_response_size 512KB"),
-			want:  Handler{Header: "Idempotency-Key", MaxResponseSize: 512_000},
+			input: block("max_response_size 512KB"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", MaxResponseSize: 512_000},
 		},
 		{
 			name:  "max_response_size bytes",
-			input: cfBlock("max_response_size 2048"),
-			want:  Handler{Header: "Idempotency-Key", MaxResponseSize: 2048},
+			input: block("max_response_size 2048"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", MaxResponseSize: 2048},
 		},
 		{
 			name:  "fingerprint headers and canonical_json false",
-			input: cfBlock("fingerprint {", "\theaders Content-Type X-Tenant", "\tcanonical_json false", "}"),
-			want: Handler{Header: "Idempotency-Key", Fingerprint: &FingerprintConfig{
+			input: block("fingerprint {", "\theaders Content-Type X-Tenant", "\tcanonical_json false", "}"),
+			want: idempotency.Handler{Header: "Idempotency-Key", Fingerprint: &idempotency.FingerprintConfig{
 				Headers:       []string{"Content-Type", "X-Tenant"},
-				CanonicalJSON: cfBool(false),
+				CanonicalJSON: new(false),
 			}},
 		},
 		{
 			name:  "fingerprint canonical_json true",
-			input: cfBlock("fingerprint {", "\tcanonical_json true", "}"),
-			want:  Handler{Header: "Idempotency-Key", Fingerprint: &FingerprintConfig{CanonicalJSON: cfBool(true)}},
+			input: block("fingerprint {", "\tcanonical_json true", "}"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", Fingerprint: &idempotency.FingerprintConfig{CanonicalJSON: new(true)}},
 		},
 		{
 			name:  "fingerprint headers only",
-			input: cfBlock("fingerprint {", "\theaders X-Tenant", "}"),
-			want:  Handler{Header: "Idempotency-Key", Fingerprint: &FingerprintConfig{Headers: []string{"X-Tenant"}}},
+			input: block("fingerprint {", "\theaders X-Tenant", "}"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", Fingerprint: &idempotency.FingerprintConfig{Headers: []string{"X-Tenant"}}},
 		},
 		{
 			name:  "fingerprint then more options",
-			input: cfBlock("fingerprint {", "\theaders X-Tenant", "}", "ttl 2h"),
-			want: Handler{
+			input: block("fingerprint {", "\theaders X-Tenant", "}", "ttl 2h"),
+			want: idempotency.Handler{
 				Header:      "Idempotency-Key",
-				Fingerprint: &FingerprintConfig{Headers: []string{"X-Tenant"}},
-				TTL:         cfDur(2 * time.Hour),
+				Fingerprint: &idempotency.FingerprintConfig{Headers: []string{"X-Tenant"}},
+				TTL:         caddy.Duration(2 * time.Hour),
 			},
 		},
 		{
 			name:  "release_on codes and classes",
-			input: cfBlock("release_on 5xx 429 409"),
-			want:  Handler{Header: "Idempotency-Key", ReleaseOn: []string{"5xx", "429", "409"}},
+			input: block("release_on 5xx 429 409"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", ReleaseOn: []string{"5xx", "429", "409"}},
 		},
 		{
 			name:  "release_on upper-case class",
-			input: cfBlock("release_on 4XX"),
-			want:  Handler{Header: "Idempotency-Key", ReleaseOn: []string{"4XX"}},
+			input: block("release_on 4XX"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", ReleaseOn: []string{"4XX"}},
 		},
 		{
 			name:  "in_flight reject",
-			input: cfBlock("in_flight reject"),
-			want:  Handler{Header: "Idempotency-Key", InFlight: "reject"},
+			input: block("in_flight reject"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", InFlight: "reject"},
 		},
 		{
 			name:  "in_flight wait",
-			input: cfBlock("in_flight wait"),
-			want:  Handler{Header: "Idempotency-Key", InFlight: "wait"},
+			input: block("in_flight wait"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", InFlight: "wait"},
 		},
 		{
 			name:  "in_flight wait with timeout",
-			input: cfBlock("in_flight wait 5s"),
-			want:  Handler{Header: "Idempotency-Key", InFlight: "wait", WaitTimeout: cfDur(5 * time.Second)},
+			input: block("in_flight wait 5s"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", InFlight: "wait", WaitTimeout: caddy.Duration(5 * time.Second)},
 		},
 		{
 			name:  "on_storage_error fail_open",
-			input: cfBlock("on_storage_error fail_open"),
-			want:  Handler{Header: "Idempotency-Key", OnStorageError: "fail_open"},
+			input: block("on_storage_error fail_open"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", OnStorageError: "fail_open"},
 		},
 		{
 			name:  "on_storage_error fail_closed",
-			input: cfBlock("on_storage_error fail_closed"),
-			want:  Handler{Header: "Idempotency-Key", OnStorageError: "fail_closed"},
+			input: block("on_storage_error fail_closed"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", OnStorageError: "fail_closed"},
 		},
 		{
 			name:  "replay_header name",
-			input: cfBlock("replay_header X-Replayed"),
-			want:  Handler{Header: "Idempotency-Key", ReplayHeader: "X-Replayed"},
+			input: block("replay_header X-Replayed"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", ReplayHeader: "X-Replayed"},
 		},
 		{
 			name:  "replay_header off",
-			input: cfBlock("replay_header off"),
-			want:  Handler{Header: "Idempotency-Key", ReplayHeader: "off"},
+			input: block("replay_header off"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", ReplayHeader: "off"},
 		},
 		{
 			name:  "docs_url",
-			input: cfBlock("docs_url https://api.example.com/docs/idempotency"),
-			want:  Handler{Header: "Idempotency-Key", DocsURL: "https://api.example.com/docs/idempotency"},
+			input: block("docs_url https://api.example.com/docs/idempotency"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", DocsURL: "https://api.example.com/docs/idempotency"},
 		},
 		{
 			name: "every option",
@@ -280,10 +276,10 @@ func TestCaddyfileOptions(t *testing.T) {
 	replay_header X-Replayed
 	docs_url https://example.com/docs
 }`,
-			want: Handler{
+			want: idempotency.Handler{
 				StorageRaw:      json.RawMessage(`{"backend":"memory","max_keys":1000}`),
-				TTL:             cfDur(24 * time.Hour),
-				LockTimeout:     cfDur(10 * time.Second),
+				TTL:             caddy.Duration(24 * time.Hour),
+				LockTimeout:     caddy.Duration(10 * time.Second),
 				Methods:         []string{"POST", "PUT"},
 				Header:          "X-Idem",
 				Required:        true,
@@ -291,13 +287,13 @@ func TestCaddyfileOptions(t *testing.T) {
 				MaxKeyLength:    128,
 				MaxBodySize:     2 << 20,
 				MaxResponseSize: 512_000,
-				Fingerprint: &FingerprintConfig{
+				Fingerprint: &idempotency.FingerprintConfig{
 					Headers:       []string{"Content-Type", "X-Tenant"},
-					CanonicalJSON: cfBool(false),
+					CanonicalJSON: new(false),
 				},
 				ReleaseOn:      []string{"5xx", "429"},
 				InFlight:       "wait",
-				WaitTimeout:    cfDur(3 * time.Second),
+				WaitTimeout:    caddy.Duration(3 * time.Second),
 				OnStorageError: "fail_open",
 				ReplayHeader:   "X-Replayed",
 				DocsURL:        "https://example.com/docs",
@@ -306,12 +302,12 @@ func TestCaddyfileOptions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := cfParse(tt.input)
+			got, err := parse(tt.input)
 			if err != nil {
 				t.Fatalf("UnmarshalCaddyfile(%q): %v", tt.input, err)
 			}
 			if !reflect.DeepEqual(*got, tt.want) {
-				t.Errorf("UnmarshalCaddyfile(%q)\n got %s\nwant %s", tt.input, cfJSON(got), cfJSON(&tt.want))
+				t.Errorf("UnmarshalCaddyfile(%q)\n got %s\nwant %s", tt.input, asJSON(got), asJSON(&tt.want))
 			}
 		})
 	}
@@ -321,11 +317,11 @@ func TestCaddyfileOptions(t *testing.T) {
 // block and nothing after it (the next directive is not its business).
 func TestCaddyfileStopsAtItsBlock(t *testing.T) {
 	d := caddyfile.NewTestDispenser("idempotency {\n\tttl 1h\n}\nreverse_proxy localhost:8080\n")
-	h := new(Handler)
+	h := new(idempotency.Handler)
 	if err := h.UnmarshalCaddyfile(d); err != nil {
 		t.Fatal(err)
 	}
-	if h.TTL != cfDur(time.Hour) {
+	if h.TTL != caddy.Duration(time.Hour) {
 		t.Errorf("TTL = %v, want 1h", time.Duration(h.TTL))
 	}
 	if !d.Next() || d.Val() != "reverse_proxy" {
@@ -333,9 +329,9 @@ func TestCaddyfileStopsAtItsBlock(t *testing.T) {
 	}
 }
 
-// cfOptionLines is one valid spelling of every option, for the duplicate
+// optionLines is one valid spelling of every option, for the duplicate
 // tests; multi-line options are several entries joined by "\n".
-var cfOptionLines = map[string][]string{
+var optionLines = map[string][]string{
 	"storage":           {"storage memory {", "\tmax_keys 10", "}"},
 	"ttl":               {"ttl 1h"},
 	"lock_timeout":      {"lock_timeout 1s"},
@@ -354,47 +350,47 @@ var cfOptionLines = map[string][]string{
 }
 
 func TestCaddyfileDuplicateOptions(t *testing.T) {
-	for opt, lines := range cfOptionLines {
+	for opt, lines := range optionLines {
 		t.Run(opt, func(t *testing.T) {
 			body := append(append([]string{}, lines...), lines...)
 			// The first spelling starts on line 3; the duplicate right
 			// after it.
 			wantLine := 3 + len(lines)
-			_, err := cfParse(cfBlock(body...))
-			cfCheckErr(t, err, wantLine, opt, "already specified")
+			_, err := parse(block(body...))
+			wantParseError(t, err, wantLine, opt, "already specified")
 		})
 	}
-	// header is on line 2 of every cfBlock.
+	// header is on line 2 of every block.
 	t.Run("header", func(t *testing.T) {
-		_, err := cfParse(cfBlock("header X-Other"))
-		cfCheckErr(t, err, 3, "header", "already specified")
+		_, err := parse(block("header X-Other"))
+		wantParseError(t, err, 3, "header", "already specified")
 	})
 	// in_flight with another mode is still a duplicate.
 	t.Run("in_flight other mode", func(t *testing.T) {
-		_, err := cfParse(cfBlock("in_flight reject", "in_flight wait 1s"))
-		cfCheckErr(t, err, 4, "in_flight", "already specified")
+		_, err := parse(block("in_flight reject", "in_flight wait 1s"))
+		wantParseError(t, err, 4, "in_flight", "already specified")
 	})
 	// A duplicate after other options is still found.
 	t.Run("ttl far apart", func(t *testing.T) {
-		_, err := cfParse(cfBlock("ttl 1h", "required", "methods POST", "ttl 2h"))
-		cfCheckErr(t, err, 6, "ttl", "already specified")
+		_, err := parse(block("ttl 1h", "required", "methods POST", "ttl 2h"))
+		wantParseError(t, err, 6, "ttl", "already specified")
 	})
 }
 
-// cfLineRe matches "Testfile:<n>" not followed by another digit.
-func cfLineRe(line int) *regexp.Regexp {
+// lineRe matches "Testfile:<n>" not followed by another digit.
+func lineRe(line int) *regexp.Regexp {
 	return regexp.MustCompile(fmt.Sprintf(`\bTestfile:%d\b`, line))
 }
 
-// cfCheckErr asserts err is a parse error at Testfile:line whose message
+// wantParseError asserts err is a parse error at Testfile:line whose message
 // mentions every one of want.
-func cfCheckErr(t *testing.T, err error, line int, want ...string) {
+func wantParseError(t *testing.T, err error, line int, want ...string) {
 	t.Helper()
 	if err == nil {
 		t.Fatalf("no error, want one at Testfile:%d mentioning %q", line, want)
 	}
 	msg := err.Error()
-	if !cfLineRe(line).MatchString(msg) {
+	if !lineRe(line).MatchString(msg) {
 		t.Errorf("error %q does not point at Testfile:%d", msg, line)
 	}
 	for _, w := range want {
@@ -531,10 +527,10 @@ func TestCaddyfileErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			input := tt.input
 			if input == "" {
-				input = cfBlock(tt.body...)
+				input = block(tt.body...)
 			}
-			_, err := cfParse(input)
-			cfCheckErr(t, err, tt.line, tt.want...)
+			_, err := parse(input)
+			wantParseError(t, err, tt.line, tt.want...)
 		})
 	}
 }
@@ -542,7 +538,7 @@ func TestCaddyfileErrors(t *testing.T) {
 func TestCaddyfileRejectsEmptyValues(t *testing.T) {
 	for _, opt := range []string{`scope ""`, `header ""`, `replay_header ""`, `docs_url ""`} {
 		d := caddyfile.NewTestDispenser("idempotency {\n" + opt + "\n}")
-		err := new(Handler).UnmarshalCaddyfile(d)
+		err := new(idempotency.Handler).UnmarshalCaddyfile(d)
 		if err == nil || !strings.Contains(err.Error(), strings.Fields(opt)[0]+" must not be empty") {
 			t.Errorf("%s: err %v, want a 'must not be empty' error", opt, err)
 		}

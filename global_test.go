@@ -1,10 +1,12 @@
-package idempotency
+package idempotency_test
 
 import (
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 )
 
 func TestGlobalOptionErrors(t *testing.T) {
@@ -25,25 +27,26 @@ func TestGlobalOptionErrors(t *testing.T) {
 	}
 }
 
+// TestGlobalStorageIsTheDefault configures Redis in the global
+// idempotency option only: the directive's record lands under the global
+// key prefix, and replays from there.
 func TestGlobalStorageIsTheDefault(t *testing.T) {
-	addr := sharedRedis(t)
-	prefix := redisPrefix()
+	addr := redistest.Addr()
+	redistest.Require(t, addr)
+	prefix := "idempotency-test:" + redistest.RandomHex(6) + ":"
+	t.Cleanup(func() { deleteRedisKeys(t, addr, prefix) })
 	up := newCountingUpstream(t)
 	base := loadCaddyfileGlobals(t, freePort(t), "admin off\n\tidempotency {\n\t\tstorage redis {\n\t\t\turl redis://"+addr+"/0\n\t\t\tkey_prefix "+prefix+"\n\t\t}\n\t}", `
 	idempotency
 	reverse_proxy `+up.Listener.Addr().String())
 	post(t, base+"/orders", "g1", `{}`)
-	var found string
-	stores.Range(func(k, v any) bool {
-		if v.(*pooledStore).backend == "redis" {
-			found = k.(string)
-		}
-		return true
-	})
-	if found == "" {
-		t.Fatal("the directive did not use the global Redis storage")
+	if keys := redisKeys(t, addr, prefix); len(keys) != 1 {
+		t.Fatalf("keys under the global prefix: %q, want the directive's one record", keys)
 	}
 	if resp, _ := post(t, base+"/orders", "g1", `{}`); resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatal("no replay through the global storage")
+	}
+	if up.calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
 	}
 }

@@ -1,8 +1,11 @@
 package idempotency
 
 import (
+	"bytes"
 	"encoding/json"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,31 +15,57 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
-func TestFirstRequestRunsAndRetryReplays(t *testing.T) {
-	h := isolated(t, &Handler{})
-	up := &upstream{}
+// TestReplayIsIdentical records a response with every byte value in its
+// body and headers a store must keep exactly (multi-valued, empty): the
+// retry replays status, the whole header map and the body, marked as a
+// replay, without running the upstream again.
+func TestReplayIsIdentical(t *testing.T) {
+	backends(t).run(func(t *testing.T, b *backend) {
+		h := b.handler(t, &Handler{})
+		body := make([]byte, 0, 1024)
+		for i := range 1024 {
+			body = append(body, byte(i))
+		}
+		sent := http.Header{
+			"Content-Type": {"application/octet-stream"},
+			"Set-Cookie":   {"a=1; Path=/", "b=2"},
+			"Location":     {"/orders/42"},
+			"X-Empty":      {""},
+		}
+		up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+			maps.Copy(w.Header(), sent)
+			w.WriteHeader(http.StatusAccepted)
+			_, err := w.Write(body)
+			return err
+		}}
 
-	first := serve(h, up, request("k1", `{"amount":10}`))
-	if first.Code != http.StatusCreated || first.Body.String() != `{"order":42}` {
-		t.Fatalf("first: %d %q", first.Code, first.Body.String())
-	}
-	if first.Header().Get("Idempotent-Replayed") != "" {
-		t.Fatal("first response must not be marked as a replay")
-	}
+		first := serve(h, up, request("k", `{"a":1}`))
+		if first.Code != http.StatusAccepted || !bytes.Equal(first.Body.Bytes(), body) {
+			t.Fatalf("first: %d with %d bytes, want the upstream's 202 with %d", first.Code, first.Body.Len(), len(body))
+		}
+		if !maps.EqualFunc(first.Header(), sent, slices.Equal) {
+			t.Fatalf("first response headers %v, want the upstream's %v", first.Header(), sent)
+		}
 
-	retry := serve(h, up, request("k1", `{"amount":10}`))
-	if retry.Code != http.StatusCreated || retry.Body.String() != `{"order":42}` {
-		t.Fatalf("retry: %d %q", retry.Code, retry.Body.String())
-	}
-	if got := retry.Header().Get("Idempotent-Replayed"); got != "true" {
-		t.Fatalf("Idempotent-Replayed = %q, want true", got)
-	}
-	if retry.Header().Get("X-Order") != "42" || retry.Header().Get("Content-Type") != "application/json" {
-		t.Fatalf("replay lost headers: %v", retry.Header())
-	}
-	if n := up.calls.Load(); n != 1 {
-		t.Fatalf("upstream ran %d times, want 1", n)
-	}
+		retry := serve(h, up, request("k", `{"a":1}`))
+		if up.calls.Load() != 1 {
+			t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+		}
+		if retry.Code != first.Code || !bytes.Equal(retry.Body.Bytes(), first.Body.Bytes()) {
+			t.Fatalf("replay %d with %d bytes, first %d with %d bytes", retry.Code, retry.Body.Len(), first.Code, first.Body.Len())
+		}
+		if got := retry.Header().Get("Idempotent-Replayed"); got != "true" {
+			t.Fatalf("Idempotent-Replayed = %q, want true", got)
+		}
+		got := retry.Header().Clone()
+		got.Del("Idempotent-Replayed")
+		if !maps.EqualFunc(got, first.Header(), slices.Equal) {
+			t.Fatalf("replay headers %v, first %v", got, first.Header())
+		}
+		if w := serve(h, up, request("k", `{"a":2}`)); w.Code != http.StatusUnprocessableEntity {
+			t.Fatalf("same key, other body: %d, want 422", w.Code)
+		}
+	})
 }
 
 func TestReplayKeepsMultiValuedHeadersAndDropsHopByHop(t *testing.T) {
@@ -329,19 +358,23 @@ func TestBlankScopeIsRejected(t *testing.T) {
 }
 
 func TestCompletedResponseExpiresAfterTTL(t *testing.T) {
-	h := isolated(t, &Handler{TTL: caddy.Duration(time.Second)})
-	up := &upstream{}
-	serve(h, up, request("k", "{}"))
-	if w := serve(h, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
-		t.Fatal("no replay within the TTL")
-	}
-	time.Sleep(1200 * time.Millisecond)
-	if w := serve(h, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "" {
-		t.Fatal("replayed after the TTL")
-	}
-	if up.calls.Load() != 2 {
-		t.Fatalf("upstream ran %d times, want 2", up.calls.Load())
-	}
+	backends(t).run(func(t *testing.T, b *backend) {
+		h := b.handler(t, &Handler{TTL: caddy.Duration(time.Second)})
+		up := &upstream{}
+		if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated {
+			t.Fatalf("first: %d", w.Code)
+		}
+		if w := serve(h, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("within the TTL: %d, not replayed", w.Code)
+		}
+		time.Sleep(1300 * time.Millisecond)
+		if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+			t.Fatalf("after the TTL: %d replayed=%q, want a fresh run", w.Code, w.Header().Get("Idempotent-Replayed"))
+		}
+		if up.calls.Load() != 2 {
+			t.Fatalf("upstream ran %d times, want 2", up.calls.Load())
+		}
+	})
 }
 
 func TestReplayHeaderCanBeRenamedOrTurnedOff(t *testing.T) {

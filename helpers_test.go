@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -29,14 +28,15 @@ func provision(t testing.TB, h *Handler) *Handler {
 	if err := h.Validate(); err != nil {
 		t.Fatalf("validate: %v", err)
 	}
-	h.logger = zap.NewNop() // keep test output readable; observability_test.go observes them
+	h.logger = zap.NewNop() // keep test output readable; observability_internal_test.go observes them
 	return h
 }
 
-// isolated returns a handler on a memory store of its own: handlers share
-// a memory store per max_keys, so a unique max_keys keeps tests apart.
+// nextMaxKeys makes memory stores of their own: handlers share a memory
+// store per max_keys, so a unique max_keys keeps tests apart.
 var nextMaxKeys atomic.Int64
 
+// isolated returns a handler on a memory store of its own.
 func isolated(t testing.TB, h *Handler) *Handler {
 	t.Helper()
 	h.StorageRaw = json.RawMessage(`{"backend":"memory","max_keys":` + strconv.FormatInt(900_000_000+nextMaxKeys.Add(1), 10) + `}`)
@@ -134,19 +134,6 @@ func problemOf(t *testing.T, w *httptest.ResponseRecorder) problemBody {
 		t.Fatalf("problem status %d != response status %d", p.Status, w.Code)
 	}
 	return p
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, cond func() bool) bool {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return cond()
 }
 
 // records counts what a handler's memory store holds.

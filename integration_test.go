@@ -1,8 +1,9 @@
-package idempotency
+package idempotency_test
 
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,11 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	goredis "github.com/redis/go-redis/v9"
+
+	_ "github.com/caddy-idempotency/caddy-idempotency" // the idempotency module and directive
+	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 )
 
 // These tests run a real Caddy in this process, configured from a
@@ -156,43 +162,124 @@ func tryPost(url, key, body string, header ...string) (*http.Response, []byte, e
 	return resp, b, nil
 }
 
-func TestCaddyfileReverseProxyConcurrentSameKeyRunsOnce(t *testing.T) {
-	up := newCountingUpstream(t)
-	up.delay = 100 * time.Millisecond
-	base := loadCaddyfile(t, freePort(t), `
-	idempotency
+// storages runs test once per store, as subtests named memory, redis and
+// postgres, each with the Caddyfile storage block of a namespace of its
+// own: the Caddyfile side of the backend matrix in backends_test.go. A
+// subtest whose server does not answer is skipped, or failed under
+// CI=true.
+func storages(t *testing.T, test func(t *testing.T, storage string)) {
+	t.Helper()
+	for _, s := range []struct {
+		name  string
+		block func(t *testing.T) string
+	}{
+		{"memory", func(*testing.T) string {
+			return fmt.Sprintf("storage memory {\n\tmax_keys %d\n}", uniqueMaxKeys())
+		}},
+		{"redis", func(t *testing.T) string {
+			addr := redistest.Addr()
+			redistest.Require(t, addr)
+			prefix := "idempotency-test:" + redistest.RandomHex(6) + ":"
+			t.Cleanup(func() { deleteRedisKeys(t, addr, prefix) })
+			return fmt.Sprintf("storage redis redis://%s/0 {\n\tkey_prefix %s\n\ttimeout 2s\n}", addr, prefix)
+		}},
+		{"postgres", func(t *testing.T) string {
+			dsn := pgtest.Require(t)
+			t.Setenv("IDEM_TEST_PG_DSN", dsn) // the DSN as a placeholder, as a secret would be
+			return "storage postgres {\n\tdsn {env.IDEM_TEST_PG_DSN}\n\ttable " + pgtest.Table(t, dsn) +
+				"\n\tcleanup_interval 1m\n\tmax_conns 4\n}"
+		}},
+	} {
+		t.Run(s.name, func(t *testing.T) { test(t, s.block(t)) })
+	}
+}
+
+// uniqueMaxKeys returns a max_keys no other memory store in this process
+// uses: handlers share a memory store per max_keys. (The package's
+// internal tests count from 900000000.)
+func uniqueMaxKeys() int64 { return 800_000_000 + nextMaxKeys.Add(1) }
+
+var nextMaxKeys atomic.Int64
+
+// redisKeys lists the keys under prefix on the Redis at addr.
+func redisKeys(t *testing.T, addr, prefix string) []string {
+	t.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer c.Close()
+	keys, err := c.Keys(context.Background(), prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// deleteRedisKeys deletes every key under prefix on the Redis at addr.
+func deleteRedisKeys(t *testing.T, addr, prefix string) {
+	t.Helper()
+	keys := redisKeys(t, addr, prefix)
+	if len(keys) == 0 {
+		return
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer c.Close()
+	if err := c.Del(context.Background(), keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCaddyfileConcurrentSameKeyRunsOnce runs a real Caddy from a
+// Caddyfile with a storage block in front of a reverse-proxied upstream:
+// of 100 concurrent requests with one key, the upstream runs once; one
+// client gets its response, every other one a 409 or the same response
+// replayed, and a later retry gets the replay.
+func TestCaddyfileConcurrentSameKeyRunsOnce(t *testing.T) {
+	storages(t, func(t *testing.T, storage string) {
+		up := newCountingUpstream(t)
+		up.delay = 100 * time.Millisecond
+		base := loadCaddyfile(t, freePort(t), `
+	idempotency {
+		`+storage+`
+	}
 	reverse_proxy `+up.Listener.Addr().String())
 
-	var wg sync.WaitGroup
-	var created, replayed, conflict atomic.Int64
-	start := make(chan struct{})
-	for range 100 {
-		wg.Go(func() {
-			<-start
-			resp, body := post(t, base+"/orders", "order-1", `{"amount":10}`)
-			switch {
-			case resp.StatusCode == http.StatusConflict:
-				conflict.Add(1)
-			case resp.StatusCode == http.StatusCreated && resp.Header.Get("Idempotent-Replayed") == "true":
-				replayed.Add(1)
-				if string(body) != up.body {
-					t.Errorf("replay body differs")
+		var wg sync.WaitGroup
+		var created, replayed, conflict atomic.Int64
+		start := make(chan struct{})
+		for range 100 {
+			wg.Go(func() {
+				<-start
+				resp, body := post(t, base+"/orders", "order-1", `{"amount":10}`)
+				switch {
+				case resp.StatusCode == http.StatusConflict:
+					conflict.Add(1)
+				case resp.StatusCode == http.StatusCreated && resp.Header.Get("Idempotent-Replayed") == "true":
+					replayed.Add(1)
+					if string(body) != up.body {
+						t.Errorf("replay body differs")
+					}
+				case resp.StatusCode == http.StatusCreated:
+					created.Add(1)
+				default:
+					t.Errorf("unexpected %d %s", resp.StatusCode, body)
 				}
-			case resp.StatusCode == http.StatusCreated:
-				created.Add(1)
-			default:
-				t.Errorf("unexpected %d %s", resp.StatusCode, body)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if n := up.calls.Load(); n != 1 {
-		t.Fatalf("upstream ran %d times, want 1", n)
-	}
-	if created.Load() != 1 || conflict.Load()+replayed.Load() != 99 {
-		t.Fatalf("created %d conflict %d replayed %d", created.Load(), conflict.Load(), replayed.Load())
-	}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if n := up.calls.Load(); n != 1 {
+			t.Fatalf("upstream ran %d times, want 1", n)
+		}
+		if created.Load() != 1 || conflict.Load()+replayed.Load() != 99 {
+			t.Fatalf("created %d conflict %d replayed %d", created.Load(), conflict.Load(), replayed.Load())
+		}
+		resp, body := post(t, base+"/orders", "order-1", `{"amount":10}`)
+		if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true" || string(body) != up.body {
+			t.Fatalf("retry: %d replayed=%q, want the replay", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"))
+		}
+		if n := up.calls.Load(); n != 1 {
+			t.Fatalf("upstream ran %d times, want 1", n)
+		}
+	})
 }
 
 func TestEncodeNeverReplaysCompressedBytesToPlainClients(t *testing.T) {

@@ -15,19 +15,19 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
 
-// mtContext returns a fresh Caddy context. It is cancelled when the test
+// caddyContext returns a fresh Caddy context. It is cancelled when the test
 // ends (which cleans up the guest storage modules loaded with it); cancel
 // may also be called earlier, and more than once.
-func mtContext(t *testing.T) (caddy.Context, context.CancelFunc) {
+func caddyContext(t *testing.T) (caddy.Context, context.CancelFunc) {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
 	return ctx, cancel
 }
 
-// mtProvision provisions and validates h, as caddy.Context.LoadModule
+// tryProvision provisions and validates h, as caddy.Context.LoadModule
 // would, and returns the first error.
-func mtProvision(t *testing.T, ctx caddy.Context, h *Handler) error {
+func tryProvision(t *testing.T, ctx caddy.Context, h *Handler) error {
 	t.Helper()
 	if err := h.Provision(ctx); err != nil {
 		return err
@@ -35,8 +35,8 @@ func mtProvision(t *testing.T, ctx caddy.Context, h *Handler) error {
 	return h.Validate()
 }
 
-// mtFromJSON decodes a handler's JSON config the way Caddy does.
-func mtFromJSON(t *testing.T, config string) *Handler {
+// handlerFromJSON decodes a handler's JSON config the way Caddy does.
+func handlerFromJSON(t *testing.T, config string) *Handler {
 	t.Helper()
 	h := new(Handler)
 	if err := caddy.StrictUnmarshalJSON([]byte(config), h); err != nil {
@@ -46,9 +46,9 @@ func mtFromJSON(t *testing.T, config string) *Handler {
 }
 
 func TestProvisionDefaults(t *testing.T) {
-	ctx, _ := mtContext(t)
+	ctx, _ := caddyContext(t)
 	h := new(Handler)
-	if err := mtProvision(t, ctx, h); err != nil {
+	if err := tryProvision(t, ctx, h); err != nil {
 		t.Fatal(err)
 	}
 
@@ -102,8 +102,8 @@ func TestProvisionDefaults(t *testing.T) {
 	}
 
 	// The default store is the memory store with the default max_keys.
-	explicit := mtFromJSON(t, `{"storage":{"backend":"memory","max_keys":1000000}}`)
-	if err := mtProvision(t, ctx, explicit); err != nil {
+	explicit := handlerFromJSON(t, `{"storage":{"backend":"memory","max_keys":1000000}}`)
+	if err := tryProvision(t, ctx, explicit); err != nil {
 		t.Fatal(err)
 	}
 	if explicit.store != h.store {
@@ -112,8 +112,8 @@ func TestProvisionDefaults(t *testing.T) {
 }
 
 func TestProvisionKeepsExplicitValues(t *testing.T) {
-	ctx, _ := mtContext(t)
-	h := mtFromJSON(t, `{
+	ctx, _ := caddyContext(t)
+	h := handlerFromJSON(t, `{
 		"storage": {"backend": "memory", "max_keys": 424201},
 		"ttl": "1h",
 		"lock_timeout": 5000000000,
@@ -132,7 +132,7 @@ func TestProvisionKeepsExplicitValues(t *testing.T) {
 		"replay_header": "x-replayed",
 		"docs_url": "https://api.example.com/docs#idempotency"
 	}`)
-	if err := mtProvision(t, ctx, h); err != nil {
+	if err := tryProvision(t, ctx, h); err != nil {
 		t.Fatal(err)
 	}
 	checks := []struct {
@@ -168,9 +168,9 @@ func TestProvisionKeepsExplicitValues(t *testing.T) {
 }
 
 func TestProvisionReplayHeaderOff(t *testing.T) {
-	ctx, _ := mtContext(t)
-	h := mtFromJSON(t, `{"replay_header":"off"}`)
-	if err := mtProvision(t, ctx, h); err != nil {
+	ctx, _ := caddyContext(t)
+	h := handlerFromJSON(t, `{"replay_header":"off"}`)
+	if err := tryProvision(t, ctx, h); err != nil {
 		t.Fatal(err)
 	}
 	if h.replayHeader != "" {
@@ -217,9 +217,9 @@ func TestProvisionInvalidConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ctx, _ := mtContext(t)
-			h := mtFromJSON(t, tt.config)
-			err := mtProvision(t, ctx, h)
+			ctx, _ := caddyContext(t)
+			h := handlerFromJSON(t, tt.config)
+			err := tryProvision(t, ctx, h)
 			if err == nil {
 				t.Fatalf("%s: no error, want one mentioning %q", tt.config, tt.want)
 			}
@@ -247,25 +247,25 @@ func TestValidateBeforeProvision(t *testing.T) {
 	}
 }
 
-// mtMemoryConfig is a handler config on the memory store with max_keys n.
+// memoryConfig is a handler config on the memory store with max_keys n.
 // Tests use their own n: handlers with the same n share one store.
-func mtMemoryConfig(n string, extra string) string {
+func memoryConfig(n string, extra string) string {
 	return `{"storage":{"backend":"memory","max_keys":` + n + `}` + extra + `}`
 }
 
 func TestProvisionSharesMemoryStore(t *testing.T) {
-	ctx1, _ := mtContext(t)
-	ctx2, _ := mtContext(t)
+	ctx1, _ := caddyContext(t)
+	ctx2, _ := caddyContext(t)
 
-	a := mtFromJSON(t, mtMemoryConfig("424301", `,"ttl":"1h"`))
-	b := mtFromJSON(t, mtMemoryConfig("424301", `,"ttl":"48h","required":true`))
-	c := mtFromJSON(t, mtMemoryConfig("424302", ""))
+	a := handlerFromJSON(t, memoryConfig("424301", `,"ttl":"1h"`))
+	b := handlerFromJSON(t, memoryConfig("424301", `,"ttl":"48h","required":true`))
+	c := handlerFromJSON(t, memoryConfig("424302", ""))
 	for _, h := range []*Handler{a, b} {
-		if err := mtProvision(t, ctx1, h); err != nil {
+		if err := tryProvision(t, ctx1, h); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := mtProvision(t, ctx2, c); err != nil {
+	if err := tryProvision(t, ctx2, c); err != nil {
 		t.Fatal(err)
 	}
 	if a.store == nil || a.store != b.store {
@@ -309,9 +309,9 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 	key := storage.Key{Scope: "scope", ID: "reload-key"}
 	fp := []byte("fingerprint")
 
-	oldCtx, cancelOld := mtContext(t)
-	old := mtFromJSON(t, mtMemoryConfig(maxKeys, ""))
-	if err := mtProvision(t, oldCtx, old); err != nil {
+	oldCtx, cancelOld := caddyContext(t)
+	old := handlerFromJSON(t, memoryConfig(maxKeys, ""))
+	if err := tryProvision(t, oldCtx, old); err != nil {
 		t.Fatal(err)
 	}
 	res, err := old.store.Reserve(bg, key, fp, time.Minute)
@@ -324,9 +324,9 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 	}
 
 	// Reload: the new config is provisioned, then the old one cleaned up.
-	newCtx, cancelNew := mtContext(t)
-	cur := mtFromJSON(t, mtMemoryConfig(maxKeys, `,"ttl":"2h"`))
-	if err := mtProvision(t, newCtx, cur); err != nil {
+	newCtx, cancelNew := caddyContext(t)
+	cur := handlerFromJSON(t, memoryConfig(maxKeys, `,"ttl":"2h"`))
+	if err := tryProvision(t, newCtx, cur); err != nil {
 		t.Fatal(err)
 	}
 	if cur.store != old.store {
@@ -354,9 +354,9 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 	}
 
 	// A second reload still finds the same store.
-	nextCtx, cancelNext := mtContext(t)
-	next := mtFromJSON(t, mtMemoryConfig(maxKeys, ""))
-	if err := mtProvision(t, nextCtx, next); err != nil {
+	nextCtx, cancelNext := caddyContext(t)
+	next := handlerFromJSON(t, memoryConfig(maxKeys, ""))
+	if err := tryProvision(t, nextCtx, next); err != nil {
 		t.Fatal(err)
 	}
 	if next.store != cur.store {
@@ -367,9 +367,9 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 	// config starts empty.
 	cancelNew()
 	cancelNext()
-	freshCtx, _ := mtContext(t)
-	fresh := mtFromJSON(t, mtMemoryConfig(maxKeys, ""))
-	if err := mtProvision(t, freshCtx, fresh); err != nil {
+	freshCtx, _ := caddyContext(t)
+	fresh := handlerFromJSON(t, memoryConfig(maxKeys, ""))
+	if err := tryProvision(t, freshCtx, fresh); err != nil {
 		t.Fatal(err)
 	}
 	if fresh.store == cur.store {
@@ -380,6 +380,33 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 	}
 }
 
+// TestReloadKeepsTheStoreAndItsRecords provisions a second config with
+// the same storage before cleaning up the first, as a reload does: the
+// store (its client or pool) must survive, with its records.
+func TestReloadKeepsTheStoreAndItsRecords(t *testing.T) {
+	backends(t).run(func(t *testing.T, b *backend) {
+		oldCtx, cancelOld := caddyContext(t)
+		old := &Handler{StorageRaw: b.config(t, 0, "")}
+		if err := old.Provision(oldCtx); err != nil {
+			t.Fatal(err)
+		}
+		up := &upstream{}
+		serve(old, up, request("k", "{}"))
+
+		next := b.handler(t, &Handler{})
+		if next.store != old.store {
+			t.Fatal("the reloaded config got another store")
+		}
+		cancelOld() // the old config is cleaned up after the new one started
+		if w := serve(next, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("after the reload: %d, not replayed", w.Code)
+		}
+		if up.calls.Load() != 1 {
+			t.Fatalf("upstream ran %d times across the reload, want 1", up.calls.Load())
+		}
+	})
+}
+
 // TestProvisionFailureHoldsNoStore checks that a handler whose Provision
 // fails keeps no reference to a pooled store: when the last working
 // config goes, the store goes with it.
@@ -388,9 +415,9 @@ func TestProvisionFailureHoldsNoStore(t *testing.T) {
 	bg := context.Background()
 	key := storage.Key{Scope: "scope", ID: "k"}
 
-	ctx1, cancel1 := mtContext(t)
-	good := mtFromJSON(t, mtMemoryConfig(maxKeys, ""))
-	if err := mtProvision(t, ctx1, good); err != nil {
+	ctx1, cancel1 := caddyContext(t)
+	good := handlerFromJSON(t, memoryConfig(maxKeys, ""))
+	if err := tryProvision(t, ctx1, good); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := good.store.Reserve(bg, key, []byte("fp"), time.Hour); err != nil {
@@ -401,9 +428,9 @@ func TestProvisionFailureHoldsNoStore(t *testing.T) {
 	// Same storage, invalid settings: refused before or after taking the
 	// store, it must not keep it.
 	for _, extra := range []string{`,"in_flight":"sometimes"`, `,"ttl":"-1s"`} {
-		ctx, cancel := mtContext(t)
-		bad := mtFromJSON(t, mtMemoryConfig(maxKeys, extra))
-		if err := mtProvision(t, ctx, bad); err == nil {
+		ctx, cancel := caddyContext(t)
+		bad := handlerFromJSON(t, memoryConfig(maxKeys, extra))
+		if err := tryProvision(t, ctx, bad); err == nil {
 			t.Fatalf("config with %s: no error", extra)
 		}
 		_ = bad.Cleanup()
@@ -411,9 +438,9 @@ func TestProvisionFailureHoldsNoStore(t *testing.T) {
 	}
 
 	cancel1()
-	ctx2, _ := mtContext(t)
-	again := mtFromJSON(t, mtMemoryConfig(maxKeys, ""))
-	if err := mtProvision(t, ctx2, again); err != nil {
+	ctx2, _ := caddyContext(t)
+	again := handlerFromJSON(t, memoryConfig(maxKeys, ""))
+	if err := tryProvision(t, ctx2, again); err != nil {
 		t.Fatal(err)
 	}
 	if again.store == first {

@@ -1,4 +1,4 @@
-package idempotency
+package idempotency_test
 
 import (
 	"errors"
@@ -97,7 +97,7 @@ func loadPanicServer(t *testing.T) string {
 				{"handler": "test_panic_after_status"}
 			]}]
 		}}}}
-	}`, port, 900_000_000+nextMaxKeys.Add(1))
+	}`, port, uniqueMaxKeys())
 	if err := caddy.Load([]byte(cfg), true); err != nil {
 		t.Fatalf("load: %v", err)
 	}

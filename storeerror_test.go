@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -92,6 +93,43 @@ func TestStoreDownFailOpenPassesThrough(t *testing.T) {
 	}
 }
 
+// TestStoreDownAtProvisionFollowsOnStorageError provisions handlers on a
+// server where nothing listens: Provision must succeed (an outage must not
+// block a Caddy start or reload), and requests follow on_storage_error
+// within the store's 500ms timeout.
+func TestStoreDownAtProvisionFollowsOnStorageError(t *testing.T) {
+	sharedBackends(t).runUnreachable(func(t *testing.T, storage json.RawMessage) {
+		for _, policy := range []string{failClosed, failOpen} {
+			t.Run(policy, func(t *testing.T) {
+				h := provision(t, &Handler{OnStorageError: policy, StorageRaw: storage})
+				up := &upstream{}
+				began := time.Now()
+				w := serve(h, up, request("k", "{}"))
+				took := time.Since(began)
+				switch policy {
+				case failClosed:
+					if w.Code != http.StatusServiceUnavailable || up.calls.Load() != 0 {
+						t.Fatalf("fail_closed: %d, upstream ran %d times; want 503 and 0", w.Code, up.calls.Load())
+					}
+					if p := problemOf(t, w); p.Type != "urn:caddy-idempotency:store-unavailable" {
+						t.Fatalf("problem %+v", p)
+					}
+					if w.Header().Get("Retry-After") == "" {
+						t.Error("503 without Retry-After")
+					}
+				case failOpen:
+					if w.Code != http.StatusCreated || up.calls.Load() != 1 {
+						t.Fatalf("fail_open: %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
+					}
+				}
+				if took > 2*time.Second {
+					t.Errorf("answered after %v; timeout is 500ms", took)
+				}
+			})
+		}
+	})
+}
+
 func TestStoreFullAnswers503AndKeepsLiveKeys(t *testing.T) {
 	h := provision(t, &Handler{StorageRaw: []byte(`{"backend":"memory","max_keys":2}`)})
 	up := &upstream{}
@@ -126,12 +164,10 @@ func TestCompletionFailureIsFinishedWhenTheStoreRecovers(t *testing.T) {
 	// The completion is retried in the background: the retry soon replays
 	// instead of meeting a 409 for the rest of the lease.
 	var w *httptest.ResponseRecorder
-	if !eventually(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, "a retry after the store recovered to get the replay", func() bool {
 		w = serve(h, up, request("k", "{}"))
 		return w.Header().Get("Idempotent-Replayed") == "true"
-	}) {
-		t.Fatalf("retry after the store recovered: %d, want a replay", w.Code)
-	}
+	})
 	if w.Code != http.StatusCreated || up.calls.Load() != 1 {
 		t.Fatalf("replay %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
 	}
@@ -149,12 +185,10 @@ func TestReleaseFailureIsFinishedWhenTheStoreRecovers(t *testing.T) {
 	store.down.Store(false)
 	up.serve = nil
 	var w *httptest.ResponseRecorder
-	if !eventually(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, "the key to leave the in-flight state after the store recovered", func() bool {
 		w = serve(h, up, request("k", "{}"))
 		return w.Code != http.StatusConflict
-	}) {
-		t.Fatal("the key stayed in flight after the store recovered")
-	}
+	})
 	if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" || up.calls.Load() != 2 {
 		t.Fatalf("retry: %d replayed=%q, upstream ran %d times; want a second run", w.Code, w.Header().Get("Idempotent-Replayed"), up.calls.Load())
 	}
@@ -218,12 +252,10 @@ func TestAbandonedReservationIsReleasedInTheBackground(t *testing.T) {
 	}
 	store.lose.Store(false)
 	var w *httptest.ResponseRecorder
-	if !eventually(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, "the abandoned reservation to be released", func() bool {
 		w = serve(b, up, request("k", "{}"))
 		return w.Code != http.StatusConflict
-	}) {
-		t.Fatal("the abandoned reservation was never released")
-	}
+	})
 	if w.Code != http.StatusCreated || up.calls.Load() != 1 {
 		t.Fatalf("retry: %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
 	}

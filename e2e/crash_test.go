@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // lockTimeout is the lease of the crash, stall and long-request tests:
@@ -94,7 +95,7 @@ func TestStalledOwnerCannotOverwriteTheNewOwnersRecord(t *testing.T) {
 				r, _ := takeOver(bb, key, lockTimeout+5*time.Second, delay(work)...)
 				owner <- r
 			}()
-			eventually(t, lockTimeout+5*time.Second, 10*time.Millisecond, "b to take the key over", func() bool { return up.Executions(key) == 2 })
+			testutil.Eventually(t, lockTimeout+5*time.Second, "b to take the key over", func() bool { return up.Executions(key) == 2 })
 			// a's upstream has answered by now; a has not read it yet.
 			time.Sleep(time.Until(started.Add(work + 200*time.Millisecond)))
 			if err := a.Resume(); err != nil {
@@ -105,7 +106,7 @@ func TestStalledOwnerCannotOverwriteTheNewOwnersRecord(t *testing.T) {
 				t.Fatalf("client of the stalled instance: %s, want its own upstream answer (execution 1)", r)
 			}
 			const refused = "idempotency lease was lost before the response could be recorded"
-			eventually(t, 5*time.Second, 20*time.Millisecond, "a to log that its completion was refused", func() bool {
+			testutil.Eventually(t, 5*time.Second, "a to log that its completion was refused", func() bool {
 				return strings.Contains(a.Log(), refused)
 			})
 			if r := <-owner; !r.isNew() || r.execution() != 2 {
@@ -149,7 +150,7 @@ func TestPartitionedOwnerLosesTheKeyAndTheUpstreamRunsTwice(t *testing.T) {
 			if r := <-cutOff; r.status != 201 || r.execution() != 1 {
 				t.Fatalf("client of the cut off instance: %s, want its own upstream answer (execution 1)", r)
 			}
-			eventually(t, 5*time.Second, 20*time.Millisecond, "a to log that its completion was refused", func() bool {
+			testutil.Eventually(t, 5*time.Second, "a to log that its completion was refused", func() bool {
 				return strings.Contains(a.Log(), "idempotency lease was lost before the response could be recorded")
 			})
 			for _, inst := range []*caddyproc.Instance{a, bb} {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // Failure paths after the upstream has answered: the effect happened
@@ -73,7 +74,7 @@ func TestUpstreamBreakingOffMidBodyIsReplayedToWaitingRetries(t *testing.T) {
 
 			first := make(chan reply, 1)
 			go func() { first <- post(inst.URL(), "/orders", key, `{"amount":10}`, header...) }()
-			eventually(t, 10*time.Second, 5*time.Millisecond, "the upstream to start running", func() bool { return up.Executions(key) == 1 })
+			testutil.Eventually(t, 10*time.Second, "the upstream to start running", func() bool { return up.Executions(key) == 1 })
 			retries := make(chan reply, 5)
 			for range 5 {
 				go func() { retries <- post(inst.URL(), "/orders", key, `{"amount":10}`, header...) }()
@@ -150,7 +151,7 @@ func TestClientHangingUpDuringAnOversizeResponseLeavesARecord(t *testing.T) {
 			if status := hangUp(t, inst, key, 16<<10, slowly...); status != 201 {
 				t.Fatalf("status before hanging up: %d, want 201", status)
 			}
-			eventually(t, 20*time.Second, 10*time.Millisecond, "the upstream to finish its answer", func() bool { return up.Finished(key) == 1 })
+			testutil.Eventually(t, 20*time.Second, "the upstream to finish its answer", func() bool { return up.Finished(key) == 1 })
 
 			r := retryPast409(inst, key, `{"amount":10}`, 2*time.Second, slowly...)
 			assertExecutions(t, up, key, 1)
@@ -178,7 +179,7 @@ func TestClientHangingUpDuringAResponseWithinTheLimitLeavesTheWholeBody(t *testi
 			if status := hangUp(t, inst, key, 16<<10, slowly...); status != 201 {
 				t.Fatalf("status before hanging up: %d, want 201", status)
 			}
-			eventually(t, 20*time.Second, 10*time.Millisecond, "the upstream to finish its answer", func() bool { return up.Finished(key) == 1 })
+			testutil.Eventually(t, 20*time.Second, "the upstream to finish its answer", func() bool { return up.Finished(key) == 1 })
 
 			r := retryPast409(inst, key, `{"amount":10}`, 2*time.Second, slowly...)
 			assertExecutions(t, up, key, 1)

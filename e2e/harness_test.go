@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // These tests check the test harness itself (the upstream's failure modes
@@ -55,7 +56,7 @@ func TestHarnessUpstreamBreaksOffMidBody(t *testing.T) {
 	if resp.Header.Get("X-Key-Execution") != "1" {
 		t.Fatalf("X-Key-Execution %q, want 1", resp.Header.Get("X-Key-Execution"))
 	}
-	eventually(t, 5*time.Second, 5*time.Millisecond, "the upstream handler to return", func() bool { return up.Finished("break") == 1 })
+	testutil.Eventually(t, 5*time.Second, "the upstream handler to return", func() bool { return up.Finished("break") == 1 })
 	if up.Executions("break") != 1 || up.Delivered("break") != 0 {
 		t.Fatalf("executions %d, delivered %d; want 1 and 0", up.Executions("break"), up.Delivered("break"))
 	}
@@ -73,7 +74,7 @@ func TestHarnessUpstreamStreamsSizedBodiesInChunks(t *testing.T) {
 	if took := time.Since(start); took < time.Duration(chunks-1)*10*time.Millisecond {
 		t.Fatalf("took %s, want at least %d pauses of 10ms", took, chunks-1)
 	}
-	eventually(t, 5*time.Second, 5*time.Millisecond, "the upstream handler to return", func() bool { return up.Finished("sized") == 1 })
+	testutil.Eventually(t, 5*time.Second, "the upstream handler to return", func() bool { return up.Finished("sized") == 1 })
 	if up.Delivered("sized") != 1 {
 		t.Fatal("a body read to the end does not count as delivered")
 	}
@@ -97,7 +98,7 @@ func TestHarnessUpstreamStreamsSizedBodiesInChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close()
-	eventually(t, 20*time.Second, 5*time.Millisecond, "the upstream to give up on a reader that hung up", func() bool { return up.Finished("hung-up") == 1 })
+	testutil.Eventually(t, 20*time.Second, "the upstream to give up on a reader that hung up", func() bool { return up.Finished("hung-up") == 1 })
 	if up.Delivered("hung-up") != 0 {
 		t.Fatal("an answer its reader hung up on counts as delivered")
 	}

@@ -19,7 +19,8 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/redis/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // site is what a test instance runs: global options and the routes of one
@@ -201,7 +202,7 @@ func onPostgresWith(t *testing.T, extra string) backend {
 	table := pgtest.Table(t, dsn)
 	u, err := url.Parse(dsn)
 	if err != nil || u.Port() == "" {
-		t.Skipf("these tests need %s as a URL with host and port", pgtest.EnvDSN)
+		testutil.Unavailable(t, "these tests need %s as a URL with host and port", pgtest.EnvDSN)
 	}
 	storageAt := func(addr string) string {
 		at := *u
@@ -359,7 +360,7 @@ func running(t *testing.T, up *caddyproc.Upstream, inst *caddyproc.Instance, key
 	t.Helper()
 	done := make(chan reply, 1)
 	go func() { done <- post(inst.URL(), "/orders", key, body, delay(work)...) }()
-	eventually(t, 10*time.Second, 5*time.Millisecond, "the upstream to start running "+key, func() bool { return up.Executions(key) == 1 })
+	testutil.Eventually(t, 10*time.Second, "the upstream to start running "+key, func() bool { return up.Executions(key) == 1 })
 	return done
 }
 
@@ -432,19 +433,6 @@ func storedRecord(t *testing.T, inst *caddyproc.Instance, key, scope string) (re
 		t.Fatalf("admin API: %s (%v)", body, err)
 	}
 	return v.Records[0], true
-}
-
-// eventually polls cond every interval until it holds, failing the test
-// with what after within.
-func eventually(t *testing.T, within, interval time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(interval)
-	}
 }
 
 // assertExecutions fails unless the upstream ran key exactly want times.

@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/redis/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // outageLease is the lock_timeout of the outage tests: longer than the
@@ -151,7 +152,7 @@ func TestStoreOutageFailsClosedOrOpenAndRecoversWithoutRestart(t *testing.T) {
 			if r := <-inFlight; !r.isNew() || r.execution() != 1 {
 				t.Fatalf("request running during the cut: %s, want its upstream answer", r)
 			}
-			eventually(t, 5*time.Second, 20*time.Millisecond, "the failed completion to be logged", func() bool {
+			testutil.Eventually(t, 5*time.Second, "the failed completion to be logged", func() bool {
 				return strings.Contains(inst.Log(), "recording idempotent response failed; retrying in the background")
 			})
 

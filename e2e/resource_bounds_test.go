@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // What one client can make Caddy hold: memory for bodies it only
@@ -92,7 +93,7 @@ func TestAnnouncedBodiesThatNeverComeDoNotHoldMemory(t *testing.T) {
 		}
 	}
 	// Every request has reached the handlers and waits for its body.
-	eventually(t, 20*time.Second, 20*time.Millisecond, fmt.Sprintf("%d requests in flight", conns), func() bool { return inFlight() >= conns })
+	testutil.Eventually(t, 20*time.Second, fmt.Sprintf("%d requests in flight", conns), func() bool { return inFlight() >= conns })
 	peak := before
 	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		peak = max(peak, rss(t, inst.PID()))
@@ -108,7 +109,7 @@ func TestAnnouncedBodiesThatNeverComeDoNotHoldMemory(t *testing.T) {
 		c.Close()
 	}
 	open = nil
-	eventually(t, 10*time.Second, 20*time.Millisecond, "the requests to end", func() bool { return inFlight() == 0 })
+	testutil.Eventually(t, 10*time.Second, "the requests to end", func() bool { return inFlight() == 0 })
 	if r := post(inst.URL(), "/orders", "after", `{"amount":10}`); !r.isNew() {
 		t.Fatalf("a request afterwards: %s", describe(r))
 	}

@@ -13,7 +13,8 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/redis/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // A store that answers too slowly is a store that is down (DESIGN.md,
@@ -262,7 +263,7 @@ func TestReserveTimingOutOnASleepingRedisLeavesTheKeyFree(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	woke := make(chan error, 1)
 	go func() { woke <- rdb.Do(context.Background(), "DEBUG", "SLEEP", "3").Err() }()
-	eventually(t, 2*time.Second, 10*time.Millisecond, "redis to fall asleep", func() bool {
+	testutil.Eventually(t, 2*time.Second, "redis to fall asleep", func() bool {
 		select {
 		case err := <-woke:
 			t.Fatalf("DEBUG SLEEP returned at once: %v", err)

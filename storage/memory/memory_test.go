@@ -1,12 +1,12 @@
 package memory_test
 
 import (
-	"context"
 	"errors"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/storagetest"
@@ -107,7 +107,7 @@ func TestJanitorRemovesExpiredRecords(t *testing.T) {
 	if err := s.Complete(ctx, key(0), toks[0], &storage.Response{Status: 200}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return s.Len() == 1 })
+	testutil.Eventually(t, 2*time.Second, "the janitor to leave only the live record", func() bool { return s.Len() == 1 })
 	if _, err := s.Get(ctx, key(0), false); err != nil {
 		t.Fatalf("Get of the live record: %v", err)
 	}
@@ -122,61 +122,5 @@ func TestCloseIsIdempotentAndStoreStillAnswers(t *testing.T) {
 	}
 	if res, err := s.Reserve(t.Context(), key(1), fp, time.Minute); err != nil || res.Outcome != storage.Acquired {
 		t.Fatalf("Reserve after Close = %v, %v", res.Outcome, err)
-	}
-}
-
-func TestWaiterWakesOnDelete(t *testing.T) {
-	ctx := t.Context()
-	s := memory.New(memory.Options{})
-	defer s.Close()
-	fill(t, s, 1, time.Minute)
-	time.AfterFunc(50*time.Millisecond, func() { s.Delete(ctx, key(0)) })
-	if took := timeWait(t, s, key(0)); took > 3*time.Second {
-		t.Fatalf("Wait returned %v after Delete", took)
-	}
-}
-
-func TestWaiterWakesWhenLeaseLapses(t *testing.T) {
-	s := memory.New(memory.Options{})
-	defer s.Close()
-	fill(t, s, 1, 100*time.Millisecond)
-	// Nobody completes: the waiter must not sit out maxWait, it may take
-	// the key over now.
-	if took := timeWait(t, s, key(0)); took < 90*time.Millisecond || took > 3*time.Second {
-		t.Fatalf("Wait returned after %v, want about the 100ms lease", took)
-	}
-	if res, err := s.Reserve(t.Context(), key(0), fp, time.Minute); err != nil || res.Outcome != storage.Acquired {
-		t.Fatalf("Reserve after lapse = %v, %v", res.Outcome, err)
-	}
-}
-
-func TestWaitHonoursContext(t *testing.T) {
-	s := memory.New(memory.Options{})
-	defer s.Close()
-	fill(t, s, 1, time.Minute)
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	if err := s.Wait(ctx, key(0), 5*time.Second); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Wait = %v, want the context's error", err)
-	}
-}
-
-// timeWait waits on key with a 5s maxWait and returns how long it took.
-func timeWait(t *testing.T, s *memory.Store, key storage.Key) time.Duration {
-	t.Helper()
-	start := time.Now()
-	if err := s.Wait(t.Context(), key, 5*time.Second); err != nil {
-		t.Fatalf("Wait: %v", err)
-	}
-	return time.Since(start)
-}
-
-// eventually fails unless cond holds within 2 seconds.
-func eventually(t *testing.T, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(2 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatal("condition not met within 2s")
-		}
 	}
 }

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/redis/redistest"
 )
 
 // TestRoundTrips counts the commands the store sends, on a private server

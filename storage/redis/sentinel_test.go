@@ -8,8 +8,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/redis/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/storagetest"
 )
 

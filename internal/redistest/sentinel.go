@@ -11,6 +11,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // Sentinel is a private Redis primary with one replica, watched by one
@@ -37,7 +39,7 @@ func StartSentinel(t testing.TB, password string) *Sentinel {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		unavailable(t, "redis-server binary: %v", err)
+		testutil.Unavailable(t, "redis-server binary: %v", err)
 	}
 	primary := StartServer(t)
 	host, port, _ := net.SplitHostPort(primary.Addr)
@@ -64,7 +66,7 @@ func StartSentinel(t testing.TB, password string) *Sentinel {
 	ctx := context.Background()
 	sc := s.client()
 	defer sc.Close()
-	waitFor(t, 20*time.Second, "the replica in sync and known to the Sentinel", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the replica in sync and known to the Sentinel", func() bool {
 		replicas, err := sc.Replicas(ctx, s.MasterName).Result()
 		if err != nil || len(replicas) != 1 {
 			return false
@@ -91,7 +93,7 @@ func (s *Sentinel) Failover(t testing.TB) {
 	if err := sc.Failover(ctx, s.MasterName).Err(); err != nil {
 		t.Fatalf("SENTINEL FAILOVER: %v", err)
 	}
-	waitFor(t, 20*time.Second, "the replica promoted", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the replica promoted", func() bool {
 		addr, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
 		if err != nil || len(addr) != 2 || net.JoinHostPort(addr[0], addr[1]) != s.Replica.Addr {
 			return false
@@ -104,7 +106,7 @@ func (s *Sentinel) Failover(t testing.TB) {
 	// Until the Sentinel has turned the old primary into a replica, it
 	// still takes writes that the new primary never sees (Redis
 	// replication is asynchronous): wait for the end of that window.
-	waitFor(t, 20*time.Second, "the old primary demoted", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the old primary demoted", func() bool {
 		c := goredis.NewClient(&goredis.Options{Addr: s.Primary.Addr})
 		defer c.Close()
 		info, err := c.Info(ctx, "replication").Result()
@@ -133,13 +135,4 @@ func linkUp(ctx context.Context, addr string) bool {
 	info, err := c.Info(ctx, "replication").Result()
 	return err == nil && strings.Contains(info, "master_link_status:up") &&
 		strings.Contains(info, "master_sync_in_progress:0")
-}
-
-func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(limit); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: not within %v", what, limit)
-		}
-	}
 }

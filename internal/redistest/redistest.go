@@ -22,6 +22,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // AddrEnv names the environment variable holding the shared Redis's
@@ -39,18 +41,6 @@ func Addr() string {
 	return DefaultAddr
 }
 
-// inCI reports whether a missing Redis must fail the run.
-func inCI() bool { return os.Getenv("CI") == "true" }
-
-// unavailable fails the test under CI=true and skips it otherwise.
-func unavailable(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if inCI() {
-		t.Fatalf(format+" (CI=true: not skipping)", args...)
-	}
-	t.Skipf(format, args...)
-}
-
 // Require skips the test (fails it with CI=true) unless a Redis answers
 // PING at addr within a second, reporting the exact error.
 func Require(t testing.TB, addr string) {
@@ -61,7 +51,7 @@ func Require(t testing.TB, addr string) {
 		c.Close()
 	}
 	if err != nil {
-		unavailable(t, "Redis at %s (set %s to change): %v", addr, AddrEnv, err)
+		testutil.Unavailable(t, "Redis at %s (set %s to change): %v", addr, AddrEnv, err)
 	}
 }
 
@@ -82,7 +72,7 @@ func StartServer(t testing.TB) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		unavailable(t, "redis-server binary: %v", err)
+		testutil.Unavailable(t, "redis-server binary: %v", err)
 	}
 	return start(t, "redis-server", func() (*Server, error) { return startServer(t, bin, "") })
 }
@@ -94,7 +84,7 @@ func StartServerArgs(t testing.TB, args ...string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		unavailable(t, "redis-server binary: %v", err)
+		testutil.Unavailable(t, "redis-server binary: %v", err)
 	}
 	return start(t, "redis-server", func() (*Server, error) { return startServer(t, bin, "", args...) })
 }
@@ -122,7 +112,7 @@ func StartCluster(t testing.TB, n int) []string {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		unavailable(t, "redis-server binary: %v", err)
+		testutil.Unavailable(t, "redis-server binary: %v", err)
 	}
 	addrs := make([]string, n)
 	for i := range addrs {
