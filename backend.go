@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -134,7 +135,13 @@ type pooledBackend struct {
 // acquire takes the pooled store for config, opening it with open on first
 // use. The pool key hashes the configuration (secrets resolved), so that
 // credentials never sit in a pool key, a log line or an error message.
-func (b *pooledBackend) acquire(backend string, config any, open func() (storage.Store, error)) error {
+//
+// A store opened here is announced in logger's log with where it is
+// (address, free of credentials), and a store that reaches a server is
+// pinged once in the background: start-up never waits for it, but an
+// unreachable store is named in a warning at once rather than at the
+// first request.
+func (b *pooledBackend) acquire(logger *zap.Logger, backend string, config any, where string, open func() (storage.Store, error)) error {
 	raw, err := json.Marshal(config)
 	if err != nil {
 		return fmt.Errorf("%s storage: hashing the configuration: %w", backend, err)
@@ -146,6 +153,10 @@ func (b *pooledBackend) acquire(backend string, config any, open func() (storage
 		if err != nil {
 			return nil, err
 		}
+		logger.Info("idempotency store opened", zap.String("backend", backend), zap.String("store", key), zap.String("address", where))
+		if p, ok := s.(storage.Pinger); ok {
+			go pingAtStart(logger, p, backend, key, where)
+		}
 		return &pooledStore{Store: s, backend: backend}, nil
 	})
 	if err != nil {
@@ -153,6 +164,19 @@ func (b *pooledBackend) acquire(backend string, config any, open func() (storage
 	}
 	b.entry, b.key = v.(*pooledStore), key
 	return nil
+}
+
+// startPingTimeout bounds the ping of a store just opened.
+const startPingTimeout = 5 * time.Second
+
+// pingAtStart pings a store just opened and warns when it does not answer.
+func pingAtStart(logger *zap.Logger, p storage.Pinger, backend, id, where string) {
+	ctx, cancel := context.WithTimeout(context.Background(), startPingTimeout)
+	defer cancel()
+	if err := p.Ping(ctx); err != nil {
+		logger.Warn("idempotency store unreachable; requests using it follow on_storage_error until it answers",
+			zap.String("backend", backend), zap.String("store", id), zap.String("address", where), zap.Error(err))
+	}
 }
 
 // Store implements StorageBackend.

@@ -32,8 +32,8 @@ func (fakeStorage) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-func (f *fakeStorage) Provision(caddy.Context) error {
-	return f.acquire("testfake", f, func() (storage.Store, error) {
+func (f *fakeStorage) Provision(ctx caddy.Context) error {
+	return f.acquire(ctx.Logger(), "testfake", f, "this process", func() (storage.Store, error) {
 		return memory.New(memory.Options{MaxKeys: f.Capacity}), nil
 	})
 }

@@ -45,7 +45,7 @@ func (MemoryStorage) CaddyModule() caddy.ModuleInfo {
 }
 
 // Provision takes the shared memory store for these settings.
-func (m *MemoryStorage) Provision(caddy.Context) error {
+func (m *MemoryStorage) Provision(ctx caddy.Context) error {
 	if err := m.check(); err != nil {
 		return err
 	}
@@ -56,7 +56,8 @@ func (m *MemoryStorage) Provision(caddy.Context) error {
 	if opts.MaxKeysPerScope == 0 {
 		opts.MaxKeysPerScope = memory.DefaultMaxKeysPerScope
 	}
-	return m.acquire("memory", opts, func() (storage.Store, error) { return memory.New(opts), nil })
+	where := fmt.Sprintf("this process (max_keys %d, max_keys_per_scope %d)", opts.MaxKeys, opts.MaxKeysPerScope)
+	return m.acquire(ctx.Logger(), "memory", opts, where, func() (storage.Store, error) { return memory.New(opts), nil })
 }
 
 // check reports configuration errors; zero values are the defaults.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -106,7 +108,7 @@ func (PostgresStorage) CaddyModule() caddy.ModuleInfo {
 // Provision resolves the DSN, fills in defaults and takes the shared store
 // for this configuration, building its pool on first use. It never
 // connects, so PostgreSQL being down does not fail it.
-func (p *PostgresStorage) Provision(caddy.Context) error {
+func (p *PostgresStorage) Provision(ctx caddy.Context) error {
 	if p.DSN == "" {
 		return errors.New("postgres storage: dsn is required")
 	}
@@ -138,7 +140,9 @@ func (p *PostgresStorage) Provision(caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("postgres storage: %w", err)
 	}
-	return p.acquire("postgres", cfg, func() (storage.Store, error) {
+	cc := poolCfg.ConnConfig
+	where := fmt.Sprintf("postgres://%s@%s/%s table %s", cc.User, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cc.Database, cfg.Table)
+	return p.acquire(ctx.Logger(), "postgres", cfg, where, func() (storage.Store, error) {
 		// No connection is made here: pgxpool connects on first use.
 		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 		if err != nil {

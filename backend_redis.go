@@ -112,6 +112,22 @@ type RedisStorage struct {
 	// Redis. Off by default.
 	ReplayCache *ReplayCache `json:"replay_cache,omitempty"`
 
+	// A PEM file of the CA certificates that the server's certificate is
+	// checked against, instead of the system's (a private CA). Setting
+	// any tls_* option turns TLS on, also with a redis:// url.
+	TLSCAFile string `json:"tls_ca_file,omitempty"`
+
+	// A PEM client certificate, for servers that require one
+	// (tls-auth-clients). Needs tls_key_file.
+	TLSCertFile string `json:"tls_cert_file,omitempty"`
+
+	// The PEM private key of tls_cert_file.
+	TLSKeyFile string `json:"tls_key_file,omitempty"`
+
+	// The name the server's certificate must carry, when it is not the
+	// host dialled (an address by IP, a tunnel).
+	TLSServerName string `json:"tls_server_name,omitempty"`
+
 	pooledBackend
 }
 
@@ -126,7 +142,7 @@ func (RedisStorage) CaddyModule() caddy.ModuleInfo {
 // Provision resolves placeholders, checks the configuration and takes the
 // shared store for it. It does not contact Redis, so that an outage does
 // not fail a config load or reload.
-func (r *RedisStorage) Provision(caddy.Context) error {
+func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	redisLogOnce.Do(func() { goredis.SetLogger(redisLogger{}) })
 	if err := r.check(); err != nil {
 		return err
@@ -135,7 +151,7 @@ func (r *RedisStorage) Provision(caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	return r.acquire("redis", cfg, func() (storage.Store, error) {
+	return r.acquire(ctx.Logger(), "redis", cfg, cfg.Client.Where(), func() (storage.Store, error) {
 		client, err := redisstore.NewClient(cfg.Client)
 		if err != nil {
 			return nil, err
@@ -166,6 +182,10 @@ func (r *RedisStorage) options(resolve func(string) string) redisstore.ClientOpt
 		PoolSize:         r.PoolSize,
 		DialTimeout:      time.Duration(r.DialTimeout),
 		Timeout:          time.Duration(r.Timeout),
+		TLSCAFile:        resolve(r.TLSCAFile),
+		TLSCertFile:      resolve(r.TLSCertFile),
+		TLSKeyFile:       resolve(r.TLSKeyFile),
+		TLSServerName:    resolve(r.TLSServerName),
 	}
 	for _, a := range r.Addresses {
 		o.Addrs = append(o.Addrs, resolve(a))
@@ -225,6 +245,11 @@ func (r *RedisStorage) resolve() (redisConfig, error) {
 //	    pool_size <n>
 //	    dial_timeout <duration>
 //	    timeout <duration>
+//	    replay_cache <max_entries> [<ttl>]
+//	    tls_ca_file <path>
+//	    tls_cert_file <path>
+//	    tls_key_file <path>
+//	    tls_server_name <name>
 //	}
 func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the backend name
@@ -273,6 +298,14 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "replay_cache":
 			r.ReplayCache, err = parseReplayCache(d)
 			return err
+		case "tls_ca_file":
+			return stringArg(d, &r.TLSCAFile)
+		case "tls_cert_file":
+			return stringArg(d, &r.TLSCertFile)
+		case "tls_key_file":
+			return stringArg(d, &r.TLSKeyFile)
+		case "tls_server_name":
+			return stringArg(d, &r.TLSServerName)
 		}
 		return d.Errf("unrecognized redis storage option '%s'", opt)
 	}, r.checkSoFar)
@@ -291,7 +324,7 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // checkSoFar is check without the rules that need an option a later line
 // may still give (master_name needs addresses; the Sentinel credentials
-// need master_name).
+// need master_name; tls_cert_file and tls_key_file go together).
 func (r *RedisStorage) checkSoFar() error {
 	partial := *r
 	if partial.MasterName != "" && len(partial.Addresses) == 0 {
@@ -299,6 +332,9 @@ func (r *RedisStorage) checkSoFar() error {
 	}
 	if partial.MasterName == "" {
 		partial.SentinelUsername, partial.SentinelPassword = "", ""
+	}
+	if (partial.TLSCertFile == "") != (partial.TLSKeyFile == "") {
+		partial.TLSCertFile, partial.TLSKeyFile = "", ""
 	}
 	return partial.check()
 }

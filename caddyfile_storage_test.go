@@ -86,6 +86,11 @@ func TestRedisCaddyfileOptions(t *testing.T) {
 		{"addresses from a placeholder", []string{"storage redis {", "\taddresses {env.REDIS_NODES}", "}"},
 			idempotency.RedisStorage{Addresses: []string{"{env.REDIS_NODES}"}}},
 		{"url from a placeholder", []string{"storage redis {env.REDIS_URL}"}, idempotency.RedisStorage{URL: "{env.REDIS_URL}"}},
+		{"host:port without a scheme", []string{"storage redis 127.0.0.1:6379"}, idempotency.RedisStorage{URL: "127.0.0.1:6379"}},
+		{"TLS files", []string{"storage redis {", "	url redis://10.0.0.7:6379", "	tls_ca_file /etc/redis/ca.pem",
+			"	tls_cert_file {env.REDIS_CERT}", "	tls_key_file /etc/redis/client.key", "	tls_server_name cache.internal", "}"},
+			idempotency.RedisStorage{URL: "redis://10.0.0.7:6379", TLSCAFile: "/etc/redis/ca.pem", TLSCertFile: "{env.REDIS_CERT}",
+				TLSKeyFile: "/etc/redis/client.key", TLSServerName: "cache.internal"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -109,6 +114,8 @@ func TestRedisCaddyfileErrors(t *testing.T) {
 	}{
 		{"unknown option", []string{"storage redis {", "\tdb 2", "}"}, 4, []string{"unrecognized redis storage option", "'db'"}},
 		{"two url arguments", []string{"storage redis redis://a redis://b"}, 3, []string{"wrong argument count", "'redis://b'"}},
+		{"a host without a scheme or port", []string{"storage redis cache.internal"}, 3, []string{"url must start with a scheme", "redis://host:port"}},
+		{"tls_cert_file without its key", []string{"storage redis {", "	tls_cert_file c.pem", "	key_prefix x:", "}"}, 6, []string{"tls_cert_file and tls_key_file go together"}},
 		{"url shorthand and url", []string{"storage redis redis://a {", "\turl redis://b", "}"}, 4, []string{"url", "already specified"}},
 		{"url without value", []string{"storage redis {", "\turl", "}"}, 4, []string{"wrong argument count", "'url'"}},
 		{"url with two values", []string{"storage redis {", "\turl redis://a redis://b", "}"}, 4, []string{"wrong argument count", "'redis://b'"}},

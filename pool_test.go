@@ -4,6 +4,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"go.uber.org/zap"
+
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
@@ -18,7 +20,7 @@ func (c *closeCounter) Close() error { c.closed.Add(1); return c.Store.Close() }
 func TestPooledStoreClosesAfterItsLastHold(t *testing.T) {
 	inner := &closeCounter{Store: memory.New(memory.Options{})}
 	var b pooledBackend
-	if err := b.acquire("test", "deferred-close", func() (storage.Store, error) { return inner, nil }); err != nil {
+	if err := b.acquire(zap.NewNop(), "test", "deferred-close", "", func() (storage.Store, error) { return inner, nil }); err != nil {
 		t.Fatal(err)
 	}
 	release, ok := b.HoldStore()
@@ -44,7 +46,7 @@ func TestPooledStoreClosesAfterItsLastHold(t *testing.T) {
 func TestPooledStoreWithoutHoldsClosesAtOnce(t *testing.T) {
 	inner := &closeCounter{Store: memory.New(memory.Options{})}
 	var b pooledBackend
-	if err := b.acquire("test", "idle-close", func() (storage.Store, error) { return inner, nil }); err != nil {
+	if err := b.acquire(zap.NewNop(), "test", "idle-close", "", func() (storage.Store, error) { return inner, nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Cleanup(); err != nil {
@@ -66,7 +68,7 @@ func TestPooledBackendsShareOneStorePerConfiguration(t *testing.T) {
 		b   *pooledBackend
 		cfg any
 	}{{&a, "one"}, {&b, "one"}, {&c, "two"}} {
-		if err := x.b.acquire("test", x.cfg, open); err != nil {
+		if err := x.b.acquire(zap.NewNop(), "test", x.cfg, "", open); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { x.b.Cleanup() })

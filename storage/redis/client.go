@@ -2,10 +2,12 @@ package redis
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 	"unicode"
@@ -29,8 +31,9 @@ const (
 type ClientOptions struct {
 	// URL is redis://[user:password@]host[:port][/db], rediss:// for TLS,
 	// or unix:///path; its query parameters configure the client as
-	// go-redis's ParseURL reads them. Not together with Addrs. Default,
-	// when Addrs is empty too: DefaultURL.
+	// go-redis's ParseURL reads them. A bare host:port means
+	// redis://host:port. Not together with Addrs. Default, when Addrs is
+	// empty too: DefaultURL.
 	URL string
 
 	// Addrs are host:port, or redis://host:port, rediss://host:port (all
@@ -64,6 +67,31 @@ type ClientOptions struct {
 	// certificates are checked against the system roots and the host
 	// dialled. With a redis:// URL or plain addresses it turns TLS on.
 	TLS *tls.Config
+
+	// TLSCAFile is a PEM file of the CA certificates the server's
+	// certificate is checked against, instead of the system's.
+	TLSCAFile string
+	// TLSCertFile and TLSKeyFile are a PEM client certificate and its
+	// key, for servers that require one (tls-auth-clients).
+	TLSCertFile, TLSKeyFile string
+	// TLSServerName is the name the server's certificate must carry,
+	// when it is not the host dialled.
+	TLSServerName string
+}
+
+// usesTLSFiles reports whether o asks for TLS through its file options.
+func (o ClientOptions) usesTLSFiles() bool {
+	return o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSKeyFile != "" || o.TLSServerName != ""
+}
+
+// url returns o.URL with a bare host:port read as redis://host:port.
+func (o ClientOptions) url() string {
+	if o.URL != "" && !strings.Contains(o.URL, "://") {
+		if host, port, err := net.SplitHostPort(o.URL); err == nil && host != "" && port != "" {
+			return "redis://" + o.URL
+		}
+	}
+	return o.URL
 }
 
 // Check reports what is wrong with o, without touching the network.
@@ -83,13 +111,15 @@ func (o ClientOptions) Check() error {
 		return fmt.Errorf("redis storage: dial_timeout must be positive, got %v", o.DialTimeout)
 	case o.Timeout < 0:
 		return fmt.Errorf("redis storage: timeout must be positive, got %v", o.Timeout)
+	case (o.TLSCertFile == "") != (o.TLSKeyFile == ""):
+		return errors.New("redis storage: tls_cert_file and tls_key_file go together")
 	}
 	if len(o.Addrs) > 0 {
 		_, _, err := ParseAddresses(o.Addrs)
 		return err
 	}
 	if o.URL != "" {
-		return CheckURL(o.URL, o.Username != "", o.Password != "")
+		return CheckURL(o.url(), o.Username != "", o.Password != "")
 	}
 	return nil
 }
@@ -177,8 +207,12 @@ func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
 	}
 	timeout := orDefault(o.Timeout, DefaultTimeout)
 	dialTimeout := orDefault(o.DialTimeout, DefaultDialTimeout)
+	tlsConfig, err := o.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
 	if len(o.Addrs) == 0 {
-		u := o.URL
+		u := o.url()
 		if u == "" {
 			u = DefaultURL
 		}
@@ -198,8 +232,8 @@ func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
 		if o.DialTimeout > 0 || opt.DialTimeout == 0 {
 			opt.DialTimeout = dialTimeout
 		}
-		if o.TLS != nil {
-			opt.TLSConfig = withServerName(o.TLS, opt.TLSConfig)
+		if tlsConfig != nil {
+			opt.TLSConfig = withServerName(tlsConfig, opt.TLSConfig, opt.Addr)
 		}
 		opt.ReadTimeout, opt.WriteTimeout = timeout, timeout
 		opt.ContextTimeoutEnabled = true
@@ -227,8 +261,8 @@ func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
 		DialerRetries: 1,
 	}
 	switch {
-	case o.TLS != nil:
-		opt.TLSConfig = o.TLS.Clone()
+	case tlsConfig != nil:
+		opt.TLSConfig = tlsConfig
 	case useTLS:
 		// No ServerName: each node's certificate is checked against the
 		// host it is dialled as.
@@ -237,13 +271,88 @@ func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
 	return goredis.NewUniversalClient(opt), nil
 }
 
-// withServerName returns cfg for a single-node client whose URL may have
-// set TLS up already (rediss://): the ServerName the URL implies is kept
-// unless cfg names one.
-func withServerName(cfg, fromURL *tls.Config) *tls.Config {
+// tlsConfig builds the TLS configuration of the file options on top of
+// o.TLS; nil when neither is set. It reads the files.
+func (o ClientOptions) tlsConfig() (*tls.Config, error) {
+	if o.TLS == nil && !o.usesTLSFiles() {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.TLS != nil {
+		cfg = o.TLS.Clone()
+	}
+	if o.TLSCAFile != "" {
+		pem, err := os.ReadFile(o.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis storage: tls_ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis storage: tls_ca_file %s holds no PEM certificate", o.TLSCAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if o.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.TLSCertFile, o.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis storage: tls_cert_file and tls_key_file: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	if o.TLSServerName != "" {
+		cfg.ServerName = o.TLSServerName
+	}
+	return cfg, nil
+}
+
+// Where describes the deployment o names, for logs: addresses and
+// database, never credentials.
+func (o ClientOptions) Where() string {
+	if len(o.Addrs) > 0 {
+		addrs, useTLS, err := ParseAddresses(o.Addrs)
+		if err != nil {
+			return "invalid addresses"
+		}
+		scheme := "redis"
+		if useTLS || o.TLS != nil || o.usesTLSFiles() {
+			scheme = "rediss"
+		}
+		switch {
+		case o.MasterName != "":
+			return fmt.Sprintf("%s://%s (Sentinel, primary %q)", scheme, strings.Join(addrs, ","), o.MasterName)
+		case len(addrs) > 1:
+			return fmt.Sprintf("%s://%s (Cluster)", scheme, strings.Join(addrs, ","))
+		}
+		return scheme + "://" + addrs[0]
+	}
+	u, err := url.Parse(cmpURL(o.url()))
+	if err != nil {
+		return "invalid url"
+	}
+	u.User, u.RawQuery, u.Fragment = nil, "", ""
+	if u.Scheme == "redis" && (o.TLS != nil || o.usesTLSFiles()) {
+		u.Scheme = "rediss"
+	}
+	return u.String()
+}
+
+func cmpURL(u string) string {
+	if u == "" {
+		return DefaultURL
+	}
+	return u
+}
+
+// withServerName returns cfg for a single-node client at addr whose URL
+// may have set TLS up already (rediss://): the certificate is checked
+// against the name cfg gives, else the host dialled.
+func withServerName(cfg, fromURL *tls.Config, addr string) *tls.Config {
 	out := cfg.Clone()
 	if out.ServerName == "" && fromURL != nil {
 		out.ServerName = fromURL.ServerName
+	}
+	if out.ServerName == "" {
+		out.ServerName, _, _ = net.SplitHostPort(addr)
 	}
 	if out.MinVersion == 0 {
 		out.MinVersion = tls.VersionTLS12

@@ -59,6 +59,18 @@ func TestClientKinds(t *testing.T) {
 			t.Errorf("user %q password %q dial %v", o.Username, o.Password, o.DialTimeout)
 		}
 	})
+	t.Run("a bare host:port url", func(t *testing.T) {
+		o := single(t, build(t, redis.ClientOptions{URL: "cache:6380"}))
+		if o.Addr != "cache:6380" || o.TLSConfig != nil {
+			t.Errorf("options %+v", o)
+		}
+	})
+	t.Run("TLS files with a redis url", func(t *testing.T) {
+		o := single(t, build(t, redis.ClientOptions{URL: "redis://10.0.0.7:6379", TLSServerName: "cache.example"}))
+		if o.TLSConfig == nil || o.TLSConfig.ServerName != "cache.example" {
+			t.Errorf("TLS %+v, want TLS checking cache.example", o.TLSConfig)
+		}
+	})
 	t.Run("one address", func(t *testing.T) {
 		o := single(t, build(t, redis.ClientOptions{Addrs: []string{"cache:6379"}}))
 		if o.Addr != "cache:6379" {
@@ -91,12 +103,27 @@ func TestClientKinds(t *testing.T) {
 	})
 }
 
+func TestWhereNamesNoCredentials(t *testing.T) {
+	for o, want := range map[*redis.ClientOptions]string{
+		{URL: "redis://user:s3cret@cache:6380/2?dial_timeout=3s"}: "redis://cache:6380/2",
+		{}:                                       "redis://127.0.0.1:6379/0",
+		{URL: "cache:6379", TLSCAFile: "ca.pem"}: "rediss://cache:6379",
+		{Addrs: []string{"n1:7000", "n2:7000"}, Password: "s3cret"}:                         "redis://n1:7000,n2:7000 (Cluster)",
+		{Addrs: []string{"rediss://s1:26379"}, MasterName: "m", SentinelPassword: "s3cret"}: `rediss://s1:26379 (Sentinel, primary "m")`,
+	} {
+		if got := o.Where(); got != want {
+			t.Errorf("Where(%+v) = %q, want %q", *o, got, want)
+		}
+	}
+}
+
 func TestClientOptionsCheck(t *testing.T) {
 	for _, tt := range []struct {
 		o    redis.ClientOptions
 		want string
 	}{
-		{redis.ClientOptions{URL: "127.0.0.1:6379"}, "url must start with a scheme"},
+		{redis.ClientOptions{URL: "cache.internal"}, "url must start with a scheme"},
+		{redis.ClientOptions{TLSCertFile: "c.pem"}, "tls_cert_file and tls_key_file go together"},
 		{redis.ClientOptions{URL: "https://cache"}, "invalid url"},
 		{redis.ClientOptions{URL: "redis://:p@cache", Password: "q"}, "password is set both"},
 		{redis.ClientOptions{Addrs: []string{"redis://a:1", "rediss://b:1"}}, "mix TLS"},
