@@ -30,9 +30,9 @@ func TestRedisTLSOptionsReachATLSServer(t *testing.T) {
 	}
 
 	for name, extra := range map[string]string{
-		"no client certificate":      fmt.Sprintf(`,"tls_ca_file":%q`, srv.CAFile),
-		"the system's CAs":           fmt.Sprintf(`,"tls_cert_file":%q,"tls_key_file":%q`, srv.CertFile, srv.KeyFile),
-		"a name the cert lacks":      fmt.Sprintf(`,"tls_ca_file":%q,"tls_cert_file":%q,"tls_key_file":%q,"tls_server_name":"other.example"`, srv.CAFile, srv.CertFile, srv.KeyFile),
+		"no client certificate":     fmt.Sprintf(`,"tls_ca_file":%q`, srv.CAFile),
+		"the system's CAs":          fmt.Sprintf(`,"tls_cert_file":%q,"tls_key_file":%q`, srv.CertFile, srv.KeyFile),
+		"a name the cert lacks":     fmt.Sprintf(`,"tls_ca_file":%q,"tls_cert_file":%q,"tls_key_file":%q,"tls_server_name":"other.example"`, srv.CAFile, srv.CertFile, srv.KeyFile),
 		"plain Redis on a TLS port": "",
 	} {
 		h := provision(t, &Handler{StorageRaw: storageJSON(extra)})

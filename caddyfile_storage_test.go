@@ -115,7 +115,7 @@ func TestRedisCaddyfileErrors(t *testing.T) {
 		{"unknown option", []string{"storage redis {", "\tdb 2", "}"}, 4, []string{"unrecognized redis storage option", "'db'"}},
 		{"two url arguments", []string{"storage redis redis://a redis://b"}, 3, []string{"wrong argument count", "'redis://b'"}},
 		{"a host without a scheme or port", []string{"storage redis cache.internal"}, 3, []string{"url must start with a scheme", "redis://host:port"}},
-		{"tls_cert_file without its key", []string{"storage redis {", "	tls_cert_file c.pem", "	key_prefix x:", "}"}, 6, []string{"tls_cert_file and tls_key_file go together"}},
+		{"tls_cert_file without its key", []string{"storage redis {", "\ttls_cert_file c.pem", "\tkey_prefix x:", "}"}, 4, []string{"tls_cert_file and tls_key_file go together"}},
 		{"url shorthand and url", []string{"storage redis redis://a {", "\turl redis://b", "}"}, 4, []string{"url", "already specified"}},
 		{"url without value", []string{"storage redis {", "\turl", "}"}, 4, []string{"wrong argument count", "'url'"}},
 		{"url with two values", []string{"storage redis {", "\turl redis://a redis://b", "}"}, 4, []string{"wrong argument count", "'redis://b'"}},
