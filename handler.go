@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -141,9 +142,21 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	failure := ""
 	if err != nil {
 		failure = "the handler failed: " + err.Error()
+	} else if rec.status == 0 && !rec.hijacked {
+		h.warnNothingAfter()
 	}
 	h.finish(r.Context(), k.key, token, rec, detail, failure)
 	return err
+}
+
+// warnNothingAfter says, once per handler, that nothing after it in its
+// route answered: a route without reverse_proxy, or with it ordered
+// before idempotency, records empty 200s.
+func (h *Handler) warnNothingAfter() {
+	if atomic.CompareAndSwapUint32(&h.nothingAfter, 0, 1) {
+		h.logger.Warn("no handler after idempotency in its route wrote a response, so it recorded an empty 200; " +
+			"put reverse_proxy (or another responding handler) after it in the route (see docs/caddyfile.md, order and route)")
+	}
 }
 
 // finish completes or releases the record of a request once the next

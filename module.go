@@ -192,6 +192,7 @@ type Handler struct {
 	scope        *scopeTemplate
 	keyJSON      *fingerprint.Pointer // nil without key_json
 	observing    bool                 // mode observe
+	nothingAfter uint32               // warnNothingAfter has warned (atomic)
 	replayHeader string
 	releaseOn    statusSet
 	fingerprint  *fingerprint.Fingerprinter
