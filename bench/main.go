@@ -1,18 +1,25 @@
-// Command bench is the load benchmark of `make bench`: it builds Caddy from
-// the checkout, runs it in front of a counting upstream, and drives
-// closed-loop load over keep-alive connections against plain
-// reverse_proxy (the ceiling) and against the idempotency handler on each
-// store, with unique keys (new) and repeated keys (replays). Plain and
-// plugin runs alternate; each case reports req/s, p50 and p99 latency, the
-// ratio to plain Caddy (median over the pairs), and store round trips per
-// request.
+// Command bench is the load benchmark of `make bench`. It builds Caddy
+// from the checkout and runs one Caddy process that serves every case on
+// a port of its own: plain reverse_proxy (the ceiling of any request that
+// runs the upstream), Caddy's static respond (the ceiling of any answer
+// that runs nothing), and the idempotency handler on each store with new
+// keys (reserve, proxy, record) and with repeated keys (replays). wrk
+// drives the load, so that the load generator takes little of the CPU.
 //
-//	go run ./bench [-duration 4s] [-pairs 5] [-conns 32] [-body 1024]
-//	               [-stores memory,redis,postgres] [-write docs/benchmarks.md]
-//	               [-profile dir]
+// Each round runs every case once, one after the other; ratios are taken
+// within a round, and the report gives their median over the rounds, the
+// Caddy process's CPU time per request (from /proc/<pid>/stat over the
+// measured window: the figure that travels across machines), and the
+// store round trips per request of every round (Redis INFO commandstats,
+// PostgreSQL pg_stat_database.xact_commit). It also measures the memory
+// store's heap per record and garbage-collection pause at a million
+// records.
 //
-// Redis and PostgreSQL are the servers of the tests
-// (IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN; defaults on loopback).
+//	go run ./bench [-rounds 5] [-duration 4s] [-conns 32] [-body 86]
+//	               [-stores memory,redis,postgres] [-write docs/performance.md]
+//
+// Redis and PostgreSQL are those of the tests (IDEMPOTENCY_REDIS_URL or
+// IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN).
 package main
 
 import (
@@ -24,27 +31,29 @@ import (
 )
 
 type options struct {
+	rounds   int
 	duration time.Duration
 	warmup   time.Duration
-	pairs    int
 	conns    int
+	threads  int
 	bodySize int
 	stores   []string
+	records  int
 	write    string
-	profile  string
 }
 
 func main() {
 	var o options
 	var stores string
+	flag.IntVar(&o.rounds, "rounds", 5, "rounds; each runs every case once")
 	flag.DurationVar(&o.duration, "duration", 4*time.Second, "length of each run")
-	flag.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured load before each case")
-	flag.IntVar(&o.pairs, "pairs", 5, "plain/plugin run pairs per case")
-	flag.IntVar(&o.conns, "conns", 32, "concurrent keep-alive connections")
-	flag.IntVar(&o.bodySize, "body", 1024, "request body size in bytes (JSON)")
-	flag.StringVar(&stores, "stores", "memory,redis,postgres,redis+cache,postgres+cache,postgres+async", "stores to measure (+cache: with a replay cache; +async: PostgreSQL with synchronous_commit=off)")
-	flag.StringVar(&o.write, "write", "", "also write the result table as Markdown to this file")
-	flag.StringVar(&o.profile, "profile", "", "save a CPU profile of Caddy during each case's last plugin run in this directory")
+	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load of each case before the first round")
+	flag.IntVar(&o.conns, "conns", 32, "keep-alive connections")
+	flag.IntVar(&o.threads, "threads", 2, "wrk threads")
+	flag.IntVar(&o.bodySize, "body", 86, "request body size in bytes (JSON)")
+	flag.StringVar(&stores, "stores", "memory,redis,postgres,redis+cache,postgres+cache", "stores to measure (+cache: with a replay cache)")
+	flag.IntVar(&o.records, "records", 1_000_000, "records for the memory store's heap measurement (0: skip it)")
+	flag.StringVar(&o.write, "write", "", "also write the results into this Markdown file, between its bench markers")
 	flag.Parse()
 	o.stores = strings.Split(stores, ",")
 

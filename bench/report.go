@@ -9,90 +9,134 @@ import (
 	"time"
 )
 
-// targets are the ratios to plain Caddy that issue 6 asks for.
-var targets = map[string]float64{
-	"memory new": 0.85, "redis new": 0.6, "postgres new": 0.3,
-	"memory replay": 1.0, "redis replay": 1.0, "postgres replay": 1.0,
-	"redis+cache replay": 1.0, "postgres+cache replay": 1.0, "postgres+async new": 0.3,
-}
-
-// wantTrips are the store round trips per request the design promises.
-var wantTrips = map[keyMode]float64{uniqueKeys: 2, repeatedKeys: 1}
-
-// tripsWanted is what a case should cost in store round trips per request:
-// with a replay cache, replays that hit it cost none.
-func tripsWanted(r outcome) string {
-	if strings.HasSuffix(r.store, cachedSuffix) {
-		return "want <1"
-	}
-	return fmt.Sprintf("want %g", wantTrips[r.mode])
-}
-
-func report(o options, results []outcome, versions map[string]string) string {
+// report renders the rounds as a Markdown table: per case the median
+// req/s, the ratio to its baseline (median over the rounds, with the
+// range), the target, latencies of the median round, the Caddy process's
+// CPU time per request, and store round trips per request.
+func report(o options, cases []benchCase, results map[string][]sample) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| case | plain req/s | plugin req/s | ratio (median of %d) | target | p50 plain / plugin | p99 plain / plugin | store round trips/req |\n", o.pairs)
-	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, r := range results {
-		plain, plugin := medianRun(r.plain, r.ratios), medianRun(r.plugin, r.ratios)
-		ratio := median(r.ratios)
-		met := "met"
-		if ratio < targets[r.name()] {
-			met = "MISSED"
+	fmt.Fprintf(&b, "| case | req/s | ratio (median of %d rounds, range) | target | p50 / p99 | Caddy CPU per request | CPU vs baseline | store round trips per request |\n", o.rounds)
+	b.WriteString("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n")
+	for _, c := range cases {
+		runs := results[c.name]
+		var rps, ratios []float64
+		var cpus []time.Duration
+		for i, s := range runs {
+			rps = append(rps, s.rps)
+			cpus = append(cpus, s.cpuPerReq)
+			if c.baseline != "" {
+				ratios = append(ratios, s.rps/results[c.baseline][i].rps)
+			}
 		}
-		trips := "n/a (in process)"
-		if r.roundTrips >= 0 {
-			trips = fmt.Sprintf("%.3f (%s)", r.roundTrips, tripsWanted(r))
+		mid := runs[medianIndex(rps)]
+		ratio, target, cpuRatio := "", "", ""
+		if c.baseline != "" {
+			ratio = fmt.Sprintf("%.2fx of %s (%.2f-%.2f)", median(ratios), c.baseline, minOf(ratios), maxOf(ratios))
+			baseCPU := median(cpuOf(results[c.baseline]))
+			cpuRatio = fmt.Sprintf("+%.1f µs", float64(median(cpus)-baseCPU)/float64(time.Microsecond))
 		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.3fx | %.2fx %s | %s / %s | %s / %s | %s |\n",
-			r.name(), plain.rps(), plugin.rps(), ratio, targets[r.name()], met,
-			ms(plain.percentile(.5)), ms(plugin.percentile(.5)),
-			ms(plain.percentile(.99)), ms(plugin.percentile(.99)), trips)
+		if c.target > 0 {
+			verdict := "met"
+			if median(ratios) < c.target {
+				verdict = "MISSED"
+			}
+			target = fmt.Sprintf(">= %.2fx: %s", c.target, verdict)
+		}
+		trips := "-"
+		if c.count != nil {
+			var ts []float64
+			for _, s := range runs {
+				ts = append(ts, s.trips)
+			}
+			trips = fmt.Sprintf("%.3f-%.3f (want %g)", minOf(ts), maxOf(ts), c.want)
+		}
+		fmt.Fprintf(&b, "| %s | %.0f | %s | %s | %s / %s | %.1f µs | %s | %s |\n",
+			c.name, median(rps), ratio, target, ms(mid.p50), ms(mid.p99),
+			float64(median(cpus))/float64(time.Microsecond), cpuRatio, trips)
 	}
 	return b.String()
 }
 
-// medianRun returns the run of the pair with the median ratio, so that
-// the req/s and latencies shown belong together.
-func medianRun(runs []result, ratios []float64) result {
-	m := median(ratios)
-	best, bestDiff := 0, -1.0
-	for i, r := range ratios {
-		d := r - m
-		if d < 0 {
-			d = -d
-		}
-		if bestDiff < 0 || d < bestDiff {
-			best, bestDiff = i, d
+func cpuOf(runs []sample) []time.Duration {
+	var out []time.Duration
+	for _, s := range runs {
+		out = append(out, s.cpuPerReq)
+	}
+	return out
+}
+
+// medianIndex returns the index of the median of xs.
+func medianIndex(xs []float64) int {
+	m, best := median(xs), 0
+	for i, x := range xs {
+		if abs(x-m) < abs(xs[best]-m) {
+			best = i
 		}
 	}
-	return runs[best]
+	return best
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func minOf(xs []float64) float64 {
+	m := xs[0]
+	for _, x := range xs {
+		m = min(m, x)
+	}
+	return m
+}
+
+func maxOf(xs []float64) float64 {
+	m := xs[0]
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	return m
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
 
-func markdownPage(o options, table string, versions map[string]string) string {
+// Markers delimit the generated part of the performance page.
+const (
+	beginMarker = "<!-- bench:begin -->"
+	endMarker   = "<!-- bench:end -->"
+)
+
+// writeResults puts the results and the machine they ran on between the
+// markers of the Markdown file at path (appending them when it has none).
+func writeResults(path, table string, o options, versions map[string]string) error {
 	var b strings.Builder
-	b.WriteString("# Benchmarks\n\n")
-	b.WriteString("Produced by `make bench` (`go run ./bench`): Caddy built from the checkout, plain\n")
-	b.WriteString("`reverse_proxy` against the idempotency handler on each store, closed-loop\n")
-	fmt.Fprintf(&b, "load over %d keep-alive connections with %d-byte JSON bodies, %s per run,\n", o.conns, o.bodySize, o.duration)
-	fmt.Fprintf(&b, "%d alternating plain/plugin pairs per case. Everything (load generator,\n", o.pairs)
-	b.WriteString("Caddy, upstream, Redis, PostgreSQL) runs on the one machine below, so the\n")
-	b.WriteString("ratios matter more than the absolute numbers.\n\n")
+	b.WriteString(beginMarker + "\n")
+	fmt.Fprintf(&b, "Measured %s by `make bench`: %d rounds of %s runs, wrk with %d threads and %d keep-alive connections, %d-byte JSON bodies.\n\n",
+		time.Now().UTC().Format("2006-01-02"), o.rounds, o.duration, o.threads, o.conns, o.bodySize)
 	b.WriteString(table)
-	b.WriteString(readingNotes)
-	b.WriteString("\n## Machine\n\n")
-	fmt.Fprintf(&b, "- date: %s\n", time.Now().UTC().Format("2006-01-02"))
-	fmt.Fprintf(&b, "- CPU: %s, %d logical CPUs\n", cpuModel(), runtime.NumCPU())
-	fmt.Fprintf(&b, "- memory: %s\n", memTotal())
-	fmt.Fprintf(&b, "- OS: %s\n", strings.TrimSpace(command("uname", "-sr")))
-	fmt.Fprintf(&b, "- Go: %s\n", runtime.Version())
+	b.WriteString("\nMachine: ")
+	fmt.Fprintf(&b, "%s, %d logical CPUs, %s memory, %s, %s", cpuModel(), runtime.NumCPU(), memTotal(), strings.TrimSpace(command("uname", "-sr")), runtime.Version())
 	for _, k := range []string{"redis", "postgres"} {
 		if v, ok := versions[k]; ok {
-			fmt.Fprintf(&b, "- %s: %s (loopback, default settings)\n", k, v)
+			fmt.Fprintf(&b, ", %s %s", k, v)
 		}
 	}
-	return b.String()
+	b.WriteString(" (load generator, Caddy, upstream and stores on this one machine).\n")
+	b.WriteString(endMarker)
+
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	page := string(old)
+	i, j := strings.Index(page, beginMarker), strings.Index(page, endMarker)
+	if i >= 0 && j > i {
+		page = page[:i] + b.String() + page[j+len(endMarker):]
+	} else {
+		page += "\n" + b.String() + "\n"
+	}
+	return os.WriteFile(path, []byte(page), 0o644)
 }
 
 func cpuModel() string {
@@ -102,7 +146,7 @@ func cpuModel() string {
 			return strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
 		}
 	}
-	return "unknown"
+	return "unknown CPU"
 }
 
 func memTotal() string {
@@ -115,43 +159,3 @@ func command(name string, args ...string) string {
 	out, _ := exec.Command(name, args...).Output()
 	return string(out)
 }
-
-// readingNotes explains the table; it is the same for every run.
-const readingNotes = `
-Cases: *new* sends a new key with every request (reserve, proxy, record);
-*replay* repeats keys completed before the run (no upstream call). A
-*+cache* store has a replay cache in front (` + "`replay_cache 100000 10s`" + `);
-*postgres+async* commits with ` + "`synchronous_commit=off`" + ` in the DSN. The
-ratio is plugin req/s over plain req/s in the same pair of runs, median
-over the pairs; latencies are those of the median pair. Store round trips
-come from Redis ` + "`INFO commandstats`" + ` (EVALSHA and EVAL calls) and
-PostgreSQL ` + "`pg_stat_database.xact_commit`" + `, divided by the plugin
-requests of the last pair.
-
-## Reading the numbers
-
-- Everything shares two cores, and system calls are expensive on this
-  virtual machine (about a third of Caddy's CPU time in the profiles), so
-  work that adds system calls weighs heavily: a Redis new key adds two
-  round trips (four system calls) to a proxied request's four. The
-  Redis store pipelines the scripts of concurrent requests (one write and
-  one read for many), which took new keys from 0.47x to about 0.6x and
-  replays from about 1.0x to 1.3-1.4x without changing the per-request
-  count of commands (still exactly 2 and 1).
-- PostgreSQL new keys are bound by the WAL flush: each new key is two
-  durable commits (the reservation must be durable before the upstream
-  runs, the record before it is replayed). With ` + "`synchronous_commit=off`" + `
-  the same work runs about twice as fast; it trades durability of the last
-  few hundred milliseconds of commits on a PostgreSQL crash, which can let
-  a retry run a request again. The default keeps the server's setting.
-- Replays on PostgreSQL cost one read-only statement; with other
-  processes competing for the two cores they land around plain Caddy's
-  throughput. The replay cache serves repeated replays from memory (0
-  round trips) and answers faster than proxying on every store.
-- The memory store keeps each record as one pointer-free block keyed by a
-  hash, so a large store adds little garbage-collection work; profiling
-  (` + "`go run ./bench -profile dir`" + `) showed storing records as Go maps
-  and strings had doubled the handler's in-situ cost.
-- Run-to-run variation on this machine is about +-5% on the ratios; run
-  ` + "`make bench`" + ` on your own hardware for numbers that matter to you.
-`

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,41 +9,44 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
+	"os/exec"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
 )
 
-// A case is one store and key mode, measured against plain Caddy.
+// benchCase is one kind of request against one site.
 type benchCase struct {
-	store string
-	mode  keyMode
-	url   string
-	count counter // nil for memory
+	name     string
+	site     string // the site's name in the Caddyfile (plain, static, or a store)
+	mode     string // "new" or "replay"
+	baseline string // the case the ratio is taken to
+	target   float64
+	count    counter // store round trips; nil when not counted
+	want     float64 // round trips per request the design promises
+	url      string
+	prefix   string // replay keys: prefix-0 .. prefix-<keys-1>
 }
 
-func (c benchCase) name() string {
-	if c.mode == uniqueKeys {
-		return c.store + " new"
-	}
-	return c.store + " replay"
+// sample is one run of one case.
+type sample struct {
+	wrkRun
+	cpuPerReq time.Duration
+	trips     float64 // per request; -1 when not counted
 }
 
-// outcome is what a case measured.
-type outcome struct {
-	benchCase
-	plain, plugin []result
-	ratios        []float64
-	roundTrips    float64 // per request; -1 when not measured
+// targets are the ratios issue 15 asks for, to the case's baseline.
+var targets = map[string]float64{
+	"memory new": 0.95, "redis new": 0.75, "postgres new": 0.35,
+	"memory replay": 0.9, "redis replay": 0.6, "postgres replay": 1.0,
 }
 
 func run(o options) error {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		return fmt.Errorf("wrk is not installed (it drives the load): apt-get install wrk")
+	}
 	dir, err := os.MkdirTemp("", "idempotency-bench-")
 	if err != nil {
 		return err
@@ -58,22 +62,26 @@ func run(o options) error {
 		return err
 	}
 	defer up.srv.Close()
-
 	env, err := prepareStores(o.stores)
 	if err != nil {
 		return err
 	}
 	defer env.close()
 
+	body := jsonBody(o.bodySize)
 	ports := make(map[string]int)
 	var sites strings.Builder
-	for _, name := range append([]string{"plain"}, o.stores...) {
+	for _, name := range append([]string{"plain", "static"}, o.stores...) {
 		port, err := caddyproc.FreePort()
 		if err != nil {
 			return err
 		}
 		ports[name] = port
-		fmt.Fprintf(&sites, "http://127.0.0.1:%d {\n%s\treverse_proxy %s\n}\n\n", port, env.directive(name), up.addr)
+		handler := fmt.Sprintf("\treverse_proxy %s\n", up.addr)
+		if name == "static" {
+			handler = fmt.Sprintf("\theader Content-Type application/json\n\trespond `%s` 201\n", upstreamBody)
+		}
+		fmt.Fprintf(&sites, "http://127.0.0.1:%d {\n%s%s}\n\n", port, env.directive(name), handler)
 	}
 	inst, err := caddyproc.Start(bin, dir, "bench", ports["plain"], caddyproc.Config{
 		Globals: "\tlog {\n\t\tlevel ERROR\n\t}",
@@ -84,165 +92,163 @@ func run(o options) error {
 	}
 	defer inst.Stop()
 
-	body := jsonBody(o.bodySize)
-	plainURL := fmt.Sprintf("http://127.0.0.1:%d/orders", ports["plain"])
-	var results []outcome
-	for _, store := range o.stores {
-		modes := []keyMode{uniqueKeys, repeatedKeys}
-		if _, v := splitVariant(store); v != "" {
-			modes = variants[v]
-		}
-		for _, mode := range modes {
-			c := benchCase{store: store, mode: mode, url: fmt.Sprintf("http://127.0.0.1:%d/orders", ports[store]), count: env.counters[store]}
-			fmt.Fprintf(os.Stderr, "%s: ", c.name())
-			res, err := measure(o, c, plainURL, body, inst.AdminAddr)
-			if err != nil {
-				return fmt.Errorf("%s: %w", c.name(), err)
+	cases := buildCases(o, env, ports)
+	for _, c := range cases {
+		if c.mode == "replay" {
+			if err := completeKeys(c, o.conns*4, body); err != nil {
+				return err
 			}
-			fmt.Fprintf(os.Stderr, " ratio %.2fx\n", median(res.ratios))
-			results = append(results, res)
+		}
+		if _, err := runWrk(o, dir, c.url, c.mode, c.prefixFor(-1), o.conns*4, body, o.warmup); err != nil {
+			return fmt.Errorf("%s: warming up: %w", c.name, err)
 		}
 	}
-	table := report(o, results, env.versions)
+
+	results := make(map[string][]sample)
+	for r := range o.rounds {
+		fmt.Fprintf(os.Stderr, "round %d:", r+1)
+		for _, c := range cases {
+			s, err := measure(o, dir, inst.PID(), c, r, body)
+			if err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			results[c.name] = append(results[c.name], s)
+			fmt.Fprintf(os.Stderr, " %s %.0f/s", c.name, s.rps)
+		}
+		fmt.Fprintln(os.Stderr)
+	}
+	table := report(o, cases, results)
+	if o.records > 0 {
+		fmt.Fprintf(os.Stderr, "memory store with %d records...\n", o.records)
+		table += "\n" + memoryStoreReport(o.records)
+	}
 	fmt.Print(table)
 	if o.write != "" {
-		return os.WriteFile(o.write, []byte(markdownPage(o, table, env.versions)), 0o644)
+		return writeResults(o.write, table, o, env.versions)
 	}
 	return nil
 }
 
-// measure runs the pairs of one case.
-func measure(o options, c benchCase, plainURL string, body []byte, admin string) (outcome, error) {
-	out := outcome{benchCase: c, roundTrips: -1}
-	spec := loadSpec{conns: o.conns, body: body, mode: c.mode, prefix: randomHex(4)}
-	if c.mode == repeatedKeys {
-		// Keys completed up front, one per connection and a few more.
-		for i := range o.conns * 4 {
-			spec.keys = append(spec.keys, fmt.Sprintf("replay-%s-%d", spec.prefix, i))
+// buildCases lists the cases in the order each round runs them.
+func buildCases(o options, env *storeEnv, ports map[string]int) []benchCase {
+	url := func(site string) string { return fmt.Sprintf("http://127.0.0.1:%d/orders", ports[site]) }
+	cases := []benchCase{
+		{name: "plain", site: "plain", mode: "new", url: url("plain")},
+		{name: "static", site: "static", mode: "new", url: url("static")},
+	}
+	for _, store := range o.stores {
+		modes := []string{"new", "replay"}
+		if strings.HasSuffix(store, cachedSuffix) {
+			modes = []string{"replay"}
 		}
-		client := newWorkerClient()
-		for _, k := range spec.keys {
-			status, err := post(client, c.url, k, body)
-			if err != nil || status != 201 {
-				return out, fmt.Errorf("completing replay key: status %d, %v", status, err)
+		for _, mode := range modes {
+			c := benchCase{name: store + " " + mode, site: store, mode: mode, url: url(store), count: env.counters[store], prefix: "r-" + randomHex(4)}
+			c.target = targets[c.name]
+			c.baseline = "plain"
+			c.want = 2
+			if mode == "replay" {
+				c.want = 1
+				if store != "postgres" {
+					c.baseline = "static" // an answer that runs nothing
+				}
 			}
+			if strings.HasSuffix(store, cachedSuffix) {
+				c.want = 0
+			}
+			cases = append(cases, c)
 		}
 	}
-	// Warm both endpoints (connections, store pools, caches).
-	warm := spec
-	warm.duration = o.warmup
-	warm.prefix += "-warm"
-	warm.url = plainURL
-	runLoad(warm)
-	warm.url = c.url
-	runLoad(warm)
+	return cases
+}
 
+// prefixFor returns the key prefix of a run: the fixed one of replays,
+// a fresh one for new keys.
+func (c benchCase) prefixFor(round int) string {
+	if c.mode == "replay" {
+		return c.prefix
+	}
+	return fmt.Sprintf("n-%s-%d", randomHex(4), round)
+}
+
+// measure runs one case once.
+func measure(o options, dir string, pid int, c benchCase, round int, body []byte) (sample, error) {
 	ctx := context.Background()
-	var trips, reqs int64
-	for p := range o.pairs {
-		spec.duration = o.duration
-		spec.prefix = fmt.Sprintf("%s-%d", randomHex(4), p)
-		spec.url = plainURL
-		var plainProfiled chan error
-		if o.profile != "" && p == o.pairs-1 {
-			plainProfiled = make(chan error, 1)
-			go func() { plainProfiled <- saveProfile(admin, o.duration, o.profile, c.name()+" plain") }()
+	var before int64
+	if c.count != nil {
+		settle(c.count)
+		var err error
+		if before, err = c.count.read(ctx); err != nil {
+			return sample{}, err
 		}
-		plain := runLoad(spec)
-		if plainProfiled != nil {
-			if err := <-plainProfiled; err != nil {
-				return out, err
-			}
+	}
+	cpu0, err := cpuTime(pid)
+	if err != nil {
+		return sample{}, err
+	}
+	w, err := runWrk(o, dir, c.url, c.mode, c.prefixFor(round), o.conns*4, body, o.duration)
+	if err != nil {
+		return sample{}, err
+	}
+	cpu1, err := cpuTime(pid)
+	if err != nil {
+		return sample{}, err
+	}
+	if w.non2xx > 0 || w.errors > 0 {
+		return sample{}, fmt.Errorf("%d answers were not 2xx, %d socket errors", w.non2xx, w.errors)
+	}
+	s := sample{wrkRun: w, cpuPerReq: (cpu1 - cpu0) / time.Duration(w.requests), trips: -1}
+	if c.count != nil {
+		settle(c.count)
+		after, err := c.count.read(ctx)
+		if err != nil {
+			return sample{}, err
 		}
-		fmt.Fprint(os.Stderr, ".")
+		s.trips = float64(after-before) / float64(w.requests)
+	}
+	return s, nil
+}
 
-		var before int64
-		if c.count != nil && p == o.pairs-1 {
-			settle(c.count)
-			var err error
-			if before, err = c.count.read(ctx); err != nil {
-				return out, err
-			}
+// completeKeys records the replay keys of c before the rounds.
+func completeKeys(c benchCase, n int, body []byte) error {
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := range n {
+		req, _ := http.NewRequest(http.MethodPost, c.url, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("%s-%d", c.prefix, i))
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("%s: completing replay keys: %w", c.name, err)
 		}
-		spec.url = c.url
-		var profiled chan error
-		if o.profile != "" && p == o.pairs-1 {
-			profiled = make(chan error, 1)
-			go func() { profiled <- saveProfile(admin, o.duration, o.profile, c.name()) }()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			return fmt.Errorf("%s: completing replay keys: status %d", c.name, resp.StatusCode)
 		}
-		plugin := runLoad(spec)
-		if profiled != nil {
-			if err := <-profiled; err != nil {
-				return out, err
-			}
-		}
-		fmt.Fprint(os.Stderr, ".")
-		if c.count != nil && p == o.pairs-1 {
-			settle(c.count)
-			after, err := c.count.read(ctx)
-			if err != nil {
-				return out, err
-			}
-			trips, reqs = after-before, plugin.requests
-		}
-		if plain.errors > 0 || plugin.errors > 0 {
-			return out, fmt.Errorf("transport errors: plain %d, plugin %d", plain.errors, plugin.errors)
-		}
-		if bad := unexpected(plugin.statuses); bad != "" {
-			return out, fmt.Errorf("plugin answered %s", bad)
-		}
-		out.plain = append(out.plain, plain)
-		out.plugin = append(out.plugin, plugin)
-		out.ratios = append(out.ratios, plugin.rps()/plain.rps())
 	}
-	if reqs > 0 {
-		out.roundTrips = float64(trips) / float64(reqs)
-	}
-	return out, nil
+	return nil
 }
 
 // settle waits until a counter has seen everything done so far:
-// PostgreSQL backends publish their statistics up to ten seconds after they
-// go idle. Redis counts at once.
+// PostgreSQL backends publish their statistics up to ten seconds after
+// they go idle. Redis counts at once.
 func settle(c counter) {
 	if _, ok := c.(postgresCommits); ok {
 		time.Sleep(11 * time.Second)
 	}
 }
 
-// saveProfile fetches a CPU profile of Caddy (admin /debug/pprof) while
-// a run goes on.
-func saveProfile(admin string, d time.Duration, dir, name string) error {
-	secs := max(1, int(d.Seconds())-1)
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, secs))
-	if err != nil {
-		return err
+// jsonBody returns a JSON request body of about n bytes, like an API's.
+func jsonBody(n int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"customer":"cus_8f2a91c4","amount":1234,"currency":"eur"`)
+	for i := 0; b.Len() < n-20; i++ {
+		fmt.Fprintf(&b, `,"item_%d":"sku-%04d"`, i, i)
 	}
-	defer resp.Body.Close()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	f, err := os.Create(filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".pprof"))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	_, err = io.Copy(f, resp.Body)
-	return err
+	b.WriteString(`,"note":"bench"}`)
+	return b.Bytes()
 }
 
-// unexpected names statuses other than 201.
-func unexpected(statuses map[int]int64) string {
-	var bad []string
-	for s, n := range statuses {
-		if s != 201 {
-			bad = append(bad, fmt.Sprintf("%d x%d", s, n))
-		}
-	}
-	return strings.Join(bad, ", ")
-}
-
-func median(xs []float64) float64 {
+func median[T int64 | float64 | time.Duration](xs []T) T {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	if len(s) == 0 {
@@ -258,161 +264,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// storeEnv is the Redis and PostgreSQL set-up of a benchmark run.
-type storeEnv struct {
-	redisAddr, redisPrefix string
-	pgDSN, pgTable         string
-	counters               map[string]counter
-	versions               map[string]string
-	cleanup                []func()
-}
-
-func (e *storeEnv) close() {
-	for _, f := range slices.Backward(e.cleanup) {
-		f()
-	}
-}
-
-// Variants of a store, named by a suffix: "+cache" puts a replay cache in
-// front (it only changes replays), "+async" commits PostgreSQL
-// transactions without waiting for the WAL flush (it only changes new
-// keys).
-const cachedSuffix = "+cache"
-
-var variants = map[string][]keyMode{cachedSuffix: {repeatedKeys}, "+async": {uniqueKeys}}
-
-func splitVariant(store string) (base, variant string) {
-	if i := strings.IndexByte(store, '+'); i >= 0 {
-		return store[:i], store[i:]
-	}
-	return store, ""
-}
-
-// directive returns the idempotency directive of a site.
-func (e *storeEnv) directive(store string) string {
-	const ttl = "\t\tttl 10m\n"
-	switch store {
-	case "redis" + cachedSuffix:
-		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl redis://%s/0\n\t\t\tkey_prefix %s\n\t\t\treplay_cache 100000 10s\n\t\t}\n\t}\n", ttl, e.redisAddr, e.redisPrefix)
-	case "postgres+async":
-		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t}\n\t}\n", ttl, e.pgDSN+"&synchronous_commit=off", e.pgTable)
-	case "postgres" + cachedSuffix:
-		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t\treplay_cache 100000 10s\n\t\t}\n\t}\n", ttl, e.pgDSN, e.pgTable)
-	case "memory":
-		return "\tidempotency {\n" + ttl + "\t}\n"
-	case "redis":
-		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl redis://%s/0\n\t\t\tkey_prefix %s\n\t\t}\n\t}\n", ttl, e.redisAddr, e.redisPrefix)
-	case "postgres":
-		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t}\n\t}\n", ttl, e.pgDSN, e.pgTable)
-	}
-	return ""
-}
-
-const benchDatabase = "idempotency_bench"
-
-func prepareStores(stores []string) (*storeEnv, error) {
-	e := &storeEnv{counters: map[string]counter{}, versions: map[string]string{}}
-	ctx := context.Background()
-	for _, s := range stores {
-		if _, v := splitVariant(s); v != "" {
-			continue // set below, once the base store is prepared
-		}
-		switch s {
-		case "memory":
-		case "redis":
-			e.redisAddr = envOr("IDEMPOTENCY_REDIS_ADDR", "127.0.0.1:6379")
-			e.redisPrefix = "bench:" + randomHex(4) + ":"
-			client := goredis.NewClient(&goredis.Options{Addr: e.redisAddr})
-			if err := client.Ping(ctx).Err(); err != nil {
-				return nil, fmt.Errorf("redis at %s: %w", e.redisAddr, err)
-			}
-			info, _ := client.Info(ctx, "server").Result()
-			e.versions["redis"] = infoField(info, "redis_version")
-			e.counters["redis"] = redisScripts{client}
-			e.cleanup = append(e.cleanup, func() { deletePrefix(client, e.redisPrefix); client.Close() })
-		case "postgres":
-			admin := envOr("IDEMPOTENCY_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-			conn, err := pgx.Connect(ctx, admin)
-			if err != nil {
-				return nil, fmt.Errorf("postgres: %w", err)
-			}
-			var exists bool
-			_ = conn.QueryRow(ctx, `SELECT true FROM pg_database WHERE datname = $1`, benchDatabase).Scan(&exists)
-			if !exists {
-				if _, err := conn.Exec(ctx, "CREATE DATABASE "+benchDatabase); err != nil {
-					return nil, fmt.Errorf("creating the bench database: %w", err)
-				}
-			}
-			var version string
-			_ = conn.QueryRow(ctx, `SHOW server_version`).Scan(&version)
-			e.versions["postgres"] = version
-			conn.Close(ctx)
-			e.pgDSN = withDatabase(admin, benchDatabase)
-			e.pgTable = "bench_" + randomHex(4)
-			e.counters["postgres"] = postgresCommits{dsn: admin, database: benchDatabase}
-			e.cleanup = append(e.cleanup, func() { dropTable(e.pgDSN, e.pgTable) })
-		default:
-			return nil, fmt.Errorf("unknown store %q", s)
-		}
-	}
-	for _, s := range stores {
-		if base, v := splitVariant(s); v != "" {
-			if _, ok := variants[v]; !ok || !slices.Contains(stores, base) {
-				return nil, fmt.Errorf("store %q: unknown variant, or %q missing from -stores", s, base)
-			}
-			e.counters[s] = e.counters[base]
-		}
-	}
-	return e, nil
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func infoField(info, name string) string {
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			return v
-		}
-	}
-	return "?"
-}
-
-func deletePrefix(client *goredis.Client, prefix string) {
-	ctx := context.Background()
-	iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		if batch = append(batch, iter.Val()); len(batch) == 1000 {
-			client.Del(ctx, batch...)
-			batch = batch[:0]
-		}
-	}
-	if len(batch) > 0 {
-		client.Del(ctx, batch...)
-	}
-}
-
-func withDatabase(dsn, db string) string {
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return dsn
-	}
-	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, db)
-}
-
-func dropTable(dsn, table string) {
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return
-	}
-	defer conn.Close(ctx)
-	_, _ = conn.Exec(ctx, "DROP TABLE IF EXISTS "+table)
 }
