@@ -45,7 +45,7 @@ type options struct {
 func main() {
 	var o options
 	var stores string
-	flag.IntVar(&o.rounds, "rounds", 5, "rounds; each runs every case once")
+	flag.IntVar(&o.rounds, "rounds", 5, "rounds; each runs every case once (0: only the memory store's heap)")
 	flag.DurationVar(&o.duration, "duration", 4*time.Second, "length of each run")
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load of each case before the first round")
 	flag.IntVar(&o.conns, "conns", 32, "keep-alive connections")

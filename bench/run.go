@@ -44,6 +44,12 @@ var targets = map[string]float64{
 }
 
 func run(o options) error {
+	if o.rounds == 0 {
+		if o.records > 0 {
+			fmt.Print(memoryStoreReport(o.records))
+		}
+		return nil
+	}
 	if _, err := exec.LookPath("wrk"); err != nil {
 		return fmt.Errorf("wrk is not installed (it drives the load): apt-get install wrk")
 	}

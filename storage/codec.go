@@ -33,6 +33,28 @@ func AppendResponse(dst []byte, r *Response) []byte {
 	return append(dst, r.Body...)
 }
 
+// ResponseLen returns the length of the encoding of r, so that callers
+// can allocate it exactly.
+func ResponseLen(r *Response) int {
+	n := 2 + uvarintLen(uint64(r.Status)) + uvarintLen(uint64(len(r.Header)))
+	for name, values := range r.Header {
+		n += uvarintLen(uint64(len(name))) + len(name) + uvarintLen(uint64(len(values)))
+		for _, v := range values {
+			n += uvarintLen(uint64(len(v))) + len(v)
+		}
+	}
+	return n + len(r.Body)
+}
+
+func uvarintLen(x uint64) int {
+	n := 1
+	for x >= 0x80 {
+		x >>= 7
+		n++
+	}
+	return n
+}
+
 // DecodeResponse decodes an encoding made by AppendResponse. The returned
 // Body aliases b.
 func DecodeResponse(b []byte) (*Response, error) {

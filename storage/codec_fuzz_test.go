@@ -120,3 +120,17 @@ func sameHeader(a, b http.Header) bool {
 	}
 	return true
 }
+
+func FuzzResponseLen(f *testing.F) {
+	f.Add(201, "Content-Type", "application/json", []byte("body"), true)
+	f.Add(200, "", "", []byte(nil), false)
+	f.Fuzz(func(t *testing.T, status int, name, value string, body []byte, omitted bool) {
+		r := &Response{Status: status & 0x3ff, Body: body, BodyOmitted: omitted}
+		if name != "" {
+			r.Header = map[string][]string{name: {value, value + value}}
+		}
+		if got, want := ResponseLen(r), len(AppendResponse(nil, r)); got != want {
+			t.Fatalf("ResponseLen = %d, encoding is %d bytes", got, want)
+		}
+	})
+}

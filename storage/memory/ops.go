@@ -67,7 +67,7 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 	}
 	// Encoded outside the lock to keep the critical section short; the
 	// detail goes in the same block, after the response.
-	enc := storage.AppendResponse(make([]byte, 0, 64+len(resp.Body)+len(resp.Detail)), resp)
+	enc := storage.AppendResponse(make([]byte, 0, storage.ResponseLen(resp)+len(resp.Detail)), resp)
 	var detail []byte
 	if len(resp.Detail) > 0 {
 		enc = append(enc, resp.Detail...)
