@@ -39,9 +39,9 @@ type StorageBackend interface {
 // pooledBackend) closes when the last configuration using it is unloaded,
 // which on a reload is before the old configuration's requests are done.
 type StoreHolder interface {
-	// HoldStore keeps the store open until release is called. It fails
-	// only when the store is closed already (the request reached a
-	// handler of a configuration unloaded meanwhile).
+	// HoldStore keeps the store open until release is called, exactly
+	// once. It fails only when the store is closed already (the request
+	// reached a handler of a configuration unloaded meanwhile).
 	HoldStore() (release func(), ok bool)
 }
 
@@ -78,6 +78,8 @@ type pooledStore struct {
 	storage.Store
 	backend string
 
+	release func() // p.unhold, made once: a hold costs no allocation
+
 	mu         sync.Mutex
 	holds      int  // holds not yet released
 	destructed bool // no handler uses the store any more
@@ -106,8 +108,7 @@ func (p *pooledStore) hold() (release func(), ok bool) {
 	}
 	p.holds++
 	p.mu.Unlock()
-	var once sync.Once
-	return func() { once.Do(p.unhold) }, true
+	return p.release, true
 }
 
 func (p *pooledStore) unhold() {
@@ -157,7 +158,9 @@ func (b *pooledBackend) acquire(logger *zap.Logger, backend string, config any, 
 		if p, ok := s.(storage.Pinger); ok {
 			go pingAtStart(logger, p, backend, key, where)
 		}
-		return &pooledStore{Store: s, backend: backend}, nil
+		p := &pooledStore{Store: s, backend: backend}
+		p.release = p.unhold
+		return p, nil
 	})
 	if err != nil {
 		return err

@@ -34,7 +34,6 @@ func TestPooledStoreClosesAfterItsLastHold(t *testing.T) {
 		t.Fatalf("closed %d times while a request still holds it", n)
 	}
 	release()
-	release() // a second call is harmless
 	if n := inner.closed.Load(); n != 1 {
 		t.Fatalf("closed %d times after the last hold, want 1", n)
 	}

@@ -28,8 +28,9 @@ import (
 // backslash, cannot be parsed back that way; there every value is written
 // as its length, a colon and the value.
 type scopeTemplate struct {
-	template       string
-	escapes        []byte // per placeholder but the last: the character to escape
+	texts          []string // texts[0] starts the scope; texts[i+1] follows placeholder i
+	keys           []string // the placeholders, in order
+	escapes        []byte   // per placeholder but the last: the character to escape
 	lengthPrefixed bool
 	blankText      bool // the template's own text is blank
 }
@@ -39,23 +40,25 @@ type scopeTemplate struct {
 const placeholderMark = "\x00"
 
 // newScopeTemplate parses template with Caddy's own placeholder syntax
-// (escaped braces included), so that it finds the placeholders Caddy will
+// (escaped braces included), so that it finds the placeholders Caddy would
 // replace.
 func newScopeTemplate(template string) (*scopeTemplate, error) {
 	if strings.Contains(template, placeholderMark) {
 		return nil, errors.New("scope must not contain a NUL character")
 	}
-	marked, err := caddy.NewEmptyReplacer().ReplaceFunc(template, func(string, any) (any, error) {
+	t := new(scopeTemplate)
+	marked, err := caddy.NewEmptyReplacer().ReplaceFunc(template, func(key string, _ any) (any, error) {
+		t.keys = append(t.keys, key)
 		return placeholderMark, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	texts := strings.Split(marked, placeholderMark)
-	t := &scopeTemplate{template: template, blankText: strings.TrimSpace(strings.Join(texts, "")) == ""}
+	t.texts = strings.Split(marked, placeholderMark)
+	t.blankText = strings.TrimSpace(strings.Join(t.texts, "")) == ""
 	// texts[i] follows placeholder i-1; the last text ends the string.
-	for i := 1; i < len(texts)-1; i++ {
-		text := texts[i]
+	for i := 1; i < len(t.texts)-1; i++ {
+		text := t.texts[i]
 		if text == "" || text[0] == '\\' {
 			t.lengthPrefixed, t.escapes = true, nil
 			break
@@ -68,39 +71,44 @@ func newScopeTemplate(template string) (*scopeTemplate, error) {
 // evaluate returns the request's scope, and false when it is blank (no
 // client identity at all).
 func (t *scopeTemplate) evaluate(repl *caddy.Replacer) (scope string, ok bool) {
-	i, blank := 0, t.blankText
-	out, _ := repl.ReplaceFunc(t.template, func(_ string, val any) (any, error) {
-		s := caddy.ToString(val)
+	var b strings.Builder
+	b.Grow(128)
+	b.WriteString(t.texts[0])
+	blank := t.blankText
+	for i, key := range t.keys {
+		v, _ := repl.Get(key)
+		s := caddy.ToString(v)
 		if blank && strings.TrimSpace(s) != "" {
 			blank = false
 		}
 		switch {
 		case t.lengthPrefixed:
-			s = strconv.Itoa(len(s)) + ":" + s
+			b.WriteString(strconv.Itoa(len(s)))
+			b.WriteByte(':')
+			b.WriteString(s)
 		case i < len(t.escapes):
-			s = escapeScopeValue(s, t.escapes[i])
+			writeEscaped(&b, s, t.escapes[i])
+		default:
+			b.WriteString(s)
 		}
-		i++
-		return s, nil
-	})
-	return out, !blank
+		b.WriteString(t.texts[i+1])
+	}
+	return b.String(), !blank
 }
 
-// escapeScopeValue puts a backslash before every backslash and every c in
-// s.
-func escapeScopeValue(s string, c byte) string {
+// writeEscaped writes s to b with a backslash before every backslash and
+// every c.
+func writeEscaped(b *strings.Builder, s string, c byte) {
 	if strings.IndexByte(s, '\\') < 0 && strings.IndexByte(s, c) < 0 {
-		return s
+		b.WriteString(s)
+		return
 	}
-	var b strings.Builder
-	b.Grow(len(s) + 8)
 	for i := 0; i < len(s); i++ {
 		if s[i] == '\\' || s[i] == c {
 			b.WriteByte('\\')
 		}
 		b.WriteByte(s[i])
 	}
-	return b.String()
 }
 
 // hashHex returns the hex SHA-256 of s: how scopes reach the store.
