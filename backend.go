@@ -283,11 +283,22 @@ func parseReplayCache(d *caddyfile.Dispenser) (*ReplayCache, error) {
 	return rc, nil
 }
 
+// builtinBackend is what every built-in backend is: a provisioned guest
+// module with a Caddyfile block and a pooled store.
+type builtinBackend interface {
+	caddy.Module
+	caddy.Provisioner
+	caddy.CleanerUpper
+	caddyfile.Unmarshaler
+	StorageBackend
+	StoreHolder
+}
+
 // Interface guards
 var (
-	_ StorageBackend     = (*pooledBackend)(nil)
-	_ StoreHolder        = (*pooledBackend)(nil)
-	_ caddy.CleanerUpper = (*pooledBackend)(nil)
-	_ caddy.Destructor   = (*pooledStore)(nil)
-	_ storage.Store      = (*pooledStore)(nil)
+	_ builtinBackend   = (*MemoryStorage)(nil)
+	_ builtinBackend   = (*RedisStorage)(nil)
+	_ builtinBackend   = (*PostgresStorage)(nil)
+	_ caddy.Destructor = (*pooledStore)(nil)
+	_ storage.Store    = (*pooledStore)(nil)
 )

@@ -92,12 +92,3 @@ func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Errf("unrecognized memory storage option '%s'", opt)
 	}, m.check)
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner     = (*MemoryStorage)(nil)
-	_ caddy.CleanerUpper    = (*MemoryStorage)(nil)
-	_ caddyfile.Unmarshaler = (*MemoryStorage)(nil)
-	_ StorageBackend        = (*MemoryStorage)(nil)
-	_ StoreHolder           = (*MemoryStorage)(nil)
-)

@@ -238,12 +238,3 @@ func (p *PostgresStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Errf("unrecognized postgres storage option '%s'", opt)
 	}, p.check)
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner     = (*PostgresStorage)(nil)
-	_ caddy.CleanerUpper    = (*PostgresStorage)(nil)
-	_ caddyfile.Unmarshaler = (*PostgresStorage)(nil)
-	_ StorageBackend        = (*PostgresStorage)(nil)
-	_ StoreHolder           = (*PostgresStorage)(nil)
-)

@@ -338,12 +338,3 @@ func (r *RedisStorage) checkSoFar() error {
 	}
 	return partial.check()
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner     = (*RedisStorage)(nil)
-	_ caddy.CleanerUpper    = (*RedisStorage)(nil)
-	_ caddyfile.Unmarshaler = (*RedisStorage)(nil)
-	_ StorageBackend        = (*RedisStorage)(nil)
-	_ StoreHolder           = (*RedisStorage)(nil)
-)

@@ -126,30 +126,32 @@ func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 
 // intArg reads one positive integer.
 func intArg(d *caddyfile.Dispenser, dst *int) error {
-	opt := d.Val()
-	var s string
-	if err := stringArg(d, &s); err != nil {
-		return err
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n <= 0 {
-		return d.Errf("%s must be a positive integer, got '%s'", opt, s)
-	}
-	*dst = n
-	return nil
+	return parsedArg(d, dst, "a positive integer", func(s string) (int, bool) {
+		n, err := strconv.Atoi(s)
+		return n, err == nil && n > 0
+	})
 }
 
 // sizeArg reads one positive size ("1MiB", "512KB", "1048576").
 func sizeArg(d *caddyfile.Dispenser, dst *int64) error {
+	return parsedArg(d, dst, "a positive size such as 1MiB", func(s string) (int64, bool) {
+		n, err := humanize.ParseBytes(s)
+		return int64(n), err == nil && n > 0 && n <= 1<<40
+	})
+}
+
+// parsedArg reads exactly one argument that parse accepts; what names
+// the accepted values in the error.
+func parsedArg[T any](d *caddyfile.Dispenser, dst *T, what string, parse func(string) (T, bool)) error {
 	opt := d.Val()
 	var s string
 	if err := stringArg(d, &s); err != nil {
 		return err
 	}
-	n, err := humanize.ParseBytes(s)
-	if err != nil || n == 0 || n > 1<<40 {
-		return d.Errf("%s must be a positive size such as 1MiB, got '%s'", opt, s)
+	v, ok := parse(s)
+	if !ok {
+		return d.Errf("%s must be %s, got '%s'", opt, what, s)
 	}
-	*dst = int64(n)
+	*dst = v
 	return nil
 }
