@@ -11,8 +11,10 @@
 //	               [-stores memory,redis,postgres] [-write docs/benchmarks.md]
 //	               [-profile dir]
 //
-// Redis and PostgreSQL are the servers of the tests
-// (IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN; defaults on loopback).
+// Redis and PostgreSQL are the servers of the tests: IDEMPOTENCY_REDIS_URL
+// (or the older IDEMPOTENCY_REDIS_ADDR, host:port) and
+// IDEMPOTENCY_POSTGRES_DSN, defaults on loopback; `make bench` starts
+// private ones (internal/cmd/testservers).
 package main
 
 import (

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -262,11 +264,11 @@ func randomHex(n int) string {
 
 // storeEnv is the Redis and PostgreSQL set-up of a benchmark run.
 type storeEnv struct {
-	redisAddr, redisPrefix string
-	pgDSN, pgTable         string
-	counters               map[string]counter
-	versions               map[string]string
-	cleanup                []func()
+	redisURL, redisPrefix string
+	pgDSN, pgTable        string
+	counters              map[string]counter
+	versions              map[string]string
+	cleanup               []func()
 }
 
 func (e *storeEnv) close() {
@@ -295,7 +297,7 @@ func (e *storeEnv) directive(store string) string {
 	const ttl = "\t\tttl 10m\n"
 	switch store {
 	case "redis" + cachedSuffix:
-		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl redis://%s/0\n\t\t\tkey_prefix %s\n\t\t\treplay_cache 100000 10s\n\t\t}\n\t}\n", ttl, e.redisAddr, e.redisPrefix)
+		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl %s\n\t\t\tkey_prefix %s\n\t\t\treplay_cache 100000 10s\n\t\t}\n\t}\n", ttl, e.redisURL, e.redisPrefix)
 	case "postgres+async":
 		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t}\n\t}\n", ttl, e.pgDSN+"&synchronous_commit=off", e.pgTable)
 	case "postgres" + cachedSuffix:
@@ -303,7 +305,7 @@ func (e *storeEnv) directive(store string) string {
 	case "memory":
 		return "\tidempotency {\n" + ttl + "\t}\n"
 	case "redis":
-		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl redis://%s/0\n\t\t\tkey_prefix %s\n\t\t}\n\t}\n", ttl, e.redisAddr, e.redisPrefix)
+		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl %s\n\t\t\tkey_prefix %s\n\t\t}\n\t}\n", ttl, e.redisURL, e.redisPrefix)
 	case "postgres":
 		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t}\n\t}\n", ttl, e.pgDSN, e.pgTable)
 	}
@@ -322,11 +324,20 @@ func prepareStores(stores []string) (*storeEnv, error) {
 		switch s {
 		case "memory":
 		case "redis":
-			e.redisAddr = envOr("IDEMPOTENCY_REDIS_ADDR", "127.0.0.1:6379")
+			// IDEMPOTENCY_REDIS_ADDR is the older spelling: host:port.
+			e.redisURL = envOr("IDEMPOTENCY_REDIS_URL", "redis://"+envOr("IDEMPOTENCY_REDIS_ADDR", "127.0.0.1:6379")+"/0")
 			e.redisPrefix = "bench:" + randomHex(4) + ":"
-			client := goredis.NewClient(&goredis.Options{Addr: e.redisAddr})
+			if _, err := url.Parse(e.redisURL); err != nil {
+				// Its message would repeat the URL, password and all.
+				return nil, errors.New("IDEMPOTENCY_REDIS_URL is not a URL")
+			}
+			opts, err := goredis.ParseURL(e.redisURL)
+			if err != nil {
+				return nil, fmt.Errorf("IDEMPOTENCY_REDIS_URL: %w", err)
+			}
+			client := goredis.NewClient(opts)
 			if err := client.Ping(ctx).Err(); err != nil {
-				return nil, fmt.Errorf("redis at %s: %w", e.redisAddr, err)
+				return nil, fmt.Errorf("redis at %s: %w", opts.Addr, err)
 			}
 			info, _ := client.Info(ctx, "server").Result()
 			e.versions["redis"] = infoField(info, "redis_version")
