@@ -1,8 +1,13 @@
 # Everyday targets:
 #   make run     Caddy with this module on Caddyfile.example (memory store)
-#   make test    every test, against real Redis and PostgreSQL (started if needed),
-#                including the end-to-end suite (e2e/: real Caddy processes), a short
-#                run of every fuzz target, and the documented xcaddy build
+#   make test    every test, including the end-to-end suite (e2e/: real Caddy
+#                processes), a short run of every fuzz target, and the documented
+#                xcaddy build. Redis and PostgreSQL are private throwaway instances
+#                on free loopback ports, started for the run and removed after it
+#                (internal/cmd/testservers: needs redis-server, initdb and postgres),
+#                or the servers named by IDEMPOTENCY_REDIS_URL and
+#                IDEMPOTENCY_POSTGRES_DSN. Nothing of the system's is configured.
+#   make check   gofmt, go vet, go mod tidy -diff and staticcheck
 #   make bench   the load benchmark against plain Caddy (see docs/benchmarks.md);
 #                BENCH_FLAGS="-write docs/benchmarks.md" records the result
 #   make fuzz    longer fuzzing runs of every fuzz target (FUZZTIME each, default 1m)
@@ -19,21 +24,33 @@ MODULE       := github.com/caddy-idempotency/caddy-idempotency
 # about this (unpublished) module; see xcaddy.md.
 PSEUDO       := v0.0.0-00010101000000-000000000000
 FUZZTIME     ?= 1m
+STATICCHECK  := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# Runs a command with IDEMPOTENCY_REDIS_URL and IDEMPOTENCY_POSTGRES_DSN
+# set to private servers started for it (unless already set), then stops
+# them and removes their files, whatever the command's outcome.
+WITH_SERVERS := bin/testservers --
 
-.PHONY: run test services unit build check-build fuzz fuzz-short bench
+.PHONY: run test check testservers unit build check-build fuzz fuzz-short bench
 
 run:
 	$(GO) run ./cmd/caddy run --config Caddyfile.example
 
-test: services unit fuzz-short check-build
+test: unit fuzz-short check-build
 
-services:
-	bash scripts/services.sh
+check:
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then \
+		echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) mod tidy -diff
+	$(GO) run $(STATICCHECK) ./...
+
+testservers:
+	$(GO) build -o bin/testservers ./internal/cmd/testservers
 
 # The end-to-end tests run the xcaddy-built binary, so the documented build
 # is what they prove.
-unit: build
-	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) test -race -count=1 -timeout 30m ./...
+unit: build testservers
+	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(WITH_SERVERS) $(GO) test -race -count=1 -timeout 30m ./...
 
 $(XCADDY):
 	$(GO) install github.com/caddyserver/xcaddy/cmd/xcaddy@v0.4.5
@@ -42,18 +59,18 @@ $(XCADDY):
 build: $(XCADDY)
 	$(XCADDY) build $(CADDY_VERSION) --output bin/caddy --with $(MODULE)@$(PSEUDO)=.
 
-check-build: build
+# Caddyfile.postgres.example reads its DSN from IDEMPOTENCY_POSTGRES_DSN.
+check-build: build testservers
 	bin/caddy list-modules > bin/modules.txt
 	@for m in http.handlers.idempotency http.idempotency.storage.memory \
 		http.idempotency.storage.redis http.idempotency.storage.postgres admin.api.idempotency; do \
 		grep -qx "$$m" bin/modules.txt || { echo "bin/caddy lacks module $$m"; exit 1; }; \
 	done
-	@export IDEMPOTENCY_POSTGRES_DSN=$${IDEMPOTENCY_POSTGRES_DSN:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}; \
-	for f in Caddyfile.example Caddyfile.redis.example Caddyfile.postgres.example; do \
+	@$(WITH_SERVERS) sh -c 'for f in Caddyfile.example Caddyfile.redis.example Caddyfile.postgres.example; do \
 		echo "caddy adapt --config $$f"; \
 		bin/caddy adapt --config $$f > /dev/null || exit 1; \
 		bin/caddy validate --config $$f 2> bin/validate.log || { cat bin/validate.log; exit 1; }; \
-	done
+	done'
 
 fuzz:
 	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime $(FUZZTIME)
@@ -74,5 +91,5 @@ fuzz-short:
 
 BENCH_FLAGS ?=
 
-bench: services
-	$(GO) run ./bench $(BENCH_FLAGS)
+bench: testservers
+	$(WITH_SERVERS) $(GO) run ./bench $(BENCH_FLAGS)

@@ -288,7 +288,7 @@ func (h *Handler) rejectWith(w http.ResponseWriter, r *http.Request, repl *caddy
 	if h.Errors == errorsHandleErrors {
 		return caddyhttp.Error(p.status, errors.New(detail))
 	}
-	return writeProblemWith(w, h.DocsURL, p, detail, differs)
+	return writeProblem(w, h.DocsURL, p, detail, differs)
 }
 
 // reserve claims key for this request. A reservation that an earlier

@@ -44,15 +44,10 @@ type problemBody struct {
 	Differs []string `json:"differs,omitempty"`
 }
 
-// writeProblem answers with p as application/problem+json, linking
-// docsURL when it is set. Problem responses are never stored and never
-// cached.
-func writeProblem(w http.ResponseWriter, docsURL string, p problem, detail string) error {
-	return writeProblemWith(w, docsURL, p, detail, nil)
-}
-
-// writeProblemWith is writeProblem with the differs member.
-func writeProblemWith(w http.ResponseWriter, docsURL string, p problem, detail string, differs []string) error {
+// writeProblem answers with p as application/problem+json, with the
+// differs member of a 422 when there are any, linking docsURL when it is
+// set. Problem responses are never stored and never cached.
+func writeProblem(w http.ResponseWriter, docsURL string, p problem, detail string, differs []string) error {
 	body, err := json.Marshal(problemBody{
 		Type:    p.typeURI(),
 		Title:   p.title,

@@ -23,7 +23,7 @@ func evalScope(t *testing.T, template string, header map[string]string) (string,
 		r.Header.Set(k, v)
 	}
 	repl := caddy.NewReplacer()
-	r = caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), nil)
+	caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), nil)
 	return st.evaluate(repl)
 }
 
@@ -35,7 +35,7 @@ func TestDefaultScopeIsUnchangedFromPlainSubstitution(t *testing.T) {
 		repl := caddy.NewReplacer()
 		r := httptest.NewRequest("POST", "http://api.example.com/orders", nil)
 		r.Header.Set("Authorization", auth)
-		r = caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), nil)
+		caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), nil)
 		if want := repl.ReplaceAll(defaultScope, ""); got != want {
 			t.Errorf("Authorization %q: scope %q, want %q as before", auth, got, want)
 		}

@@ -26,7 +26,7 @@ func tracedServe(t *testing.T, h *Handler, r *http.Request) []sdktrace.ReadOnlyS
 func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]string {
 	m := map[attribute.Key]string{}
 	for _, kv := range s.Attributes() {
-		m[kv.Key] = kv.Value.Emit()
+		m[kv.Key] = kv.Value.String()
 	}
 	return m
 }

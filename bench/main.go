@@ -19,7 +19,8 @@
 //	               [-stores memory,redis,postgres] [-write docs/performance.md]
 //
 // Redis and PostgreSQL are those of the tests (IDEMPOTENCY_REDIS_URL or
-// IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN).
+// IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN; `make bench` starts
+// private ones, see internal/cmd/testservers).
 package main
 
 import (

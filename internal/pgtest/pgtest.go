@@ -2,9 +2,10 @@
 // gives each test tables and databases of its own, so that runs (and test
 // packages running in parallel) never collide and leave nothing behind.
 //
-// The server is named by IDEMPOTENCY_POSTGRES_DSN (default: loopback,
-// database test). When it cannot be reached, tests are skipped, except
-// under CI=true, where they fail: CI must never pass by skipping.
+// The server is named by IDEMPOTENCY_POSTGRES_DSN (make test starts a
+// private one and sets it, see internal/cmd/testservers; default:
+// loopback, database test). When it cannot be reached, tests are skipped,
+// except under CI=true, where they fail: CI must never pass by skipping.
 package pgtest
 
 import (

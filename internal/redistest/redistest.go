@@ -1,6 +1,7 @@
 // Package redistest helps tests run against a real Redis: the shared
-// server named by IDEMPOTENCY_REDIS_ADDR, or a private redis-server
-// started for one test, and a command counter based on MONITOR.
+// server named by IDEMPOTENCY_REDIS_URL (or, older spelling,
+// IDEMPOTENCY_REDIS_ADDR), or a private redis-server started for one
+// test, and a command counter based on MONITOR.
 //
 // Tests never skip silently in CI: with CI=true, a Redis that cannot be
 // reached, or a missing redis-server binary, fails the test.
@@ -15,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -26,32 +28,79 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
+// URLEnv names the environment variable holding the shared Redis's URL,
+// redis://host[:port][/0]. It wins over AddrEnv.
+const URLEnv = "IDEMPOTENCY_REDIS_URL"
+
 // AddrEnv names the environment variable holding the shared Redis's
-// host:port.
+// host:port: the older spelling of URLEnv.
 const AddrEnv = "IDEMPOTENCY_REDIS_ADDR"
 
-// DefaultAddr is the shared Redis when AddrEnv is not set.
+// DefaultAddr is the shared Redis when neither URLEnv nor AddrEnv is set.
 const DefaultAddr = "127.0.0.1:6379"
 
-// Addr returns the shared Redis's host:port.
+// Addr returns the shared Redis's host:port, or "" when URLEnv holds a URL
+// the tests cannot use (Require then says why).
 func Addr() string {
-	if a := os.Getenv(AddrEnv); a != "" {
-		return a
+	addr, _ := lookupAddr()
+	return addr
+}
+
+func lookupAddr() (string, error) {
+	if u := os.Getenv(URLEnv); u != "" {
+		return addrOf(u)
 	}
-	return DefaultAddr
+	if a := os.Getenv(AddrEnv); a != "" {
+		return a, nil
+	}
+	return DefaultAddr, nil
+}
+
+// addrOf is the host:port of a redis:// URL. The tests reach the shared
+// server by address alone, so a URL must not ask for more: no
+// credentials, no TLS, database 0, no options.
+func addrOf(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// The parser's message would repeat the URL, password and all.
+		return "", fmt.Errorf("%s is not a URL", URLEnv)
+	}
+	db := strings.TrimPrefix(u.Path, "/")
+	switch {
+	case u.Scheme != "redis":
+		return "", fmt.Errorf("%s: the tests take redis://host:port/0 URLs, not %s://", URLEnv, u.Scheme)
+	case u.User != nil || u.RawQuery != "" || u.Fragment != "":
+		return "", fmt.Errorf("%s: the tests take redis://host:port/0 URLs, without credentials or options", URLEnv)
+	case db != "" && db != "0":
+		return "", fmt.Errorf("%s: the tests use database 0, not %q", URLEnv, db)
+	case u.Hostname() == "":
+		return "", fmt.Errorf("%s: no host", URLEnv)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "6379"
+	}
+	return net.JoinHostPort(u.Hostname(), port), nil
 }
 
 // Require skips the test (fails it with CI=true) unless a Redis answers
-// PING at addr within a second, reporting the exact error.
+// PING at addr within a second, reporting the exact error. An addr of ""
+// (Addr with an unusable URLEnv) fails the test.
 func Require(t testing.TB, addr string) {
 	t.Helper()
+	if addr == "" {
+		if _, err := lookupAddr(); err != nil {
+			t.Fatalf("the shared Redis: %v", err)
+		}
+		t.Fatal("redistest.Require: no address")
+	}
 	c, err := dial(addr, time.Second)
 	if err == nil {
 		_, err = c.Do("PING")
 		c.Close()
 	}
 	if err != nil {
-		testutil.Unavailable(t, "Redis at %s (set %s to change): %v", addr, AddrEnv, err)
+		testutil.Unavailable(t, "Redis at %s (set %s to change): %v", addr, URLEnv, err)
 	}
 }
 
