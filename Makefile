@@ -8,8 +8,8 @@
 #                or the servers named by IDEMPOTENCY_REDIS_URL and
 #                IDEMPOTENCY_POSTGRES_DSN. Nothing of the system's is configured.
 #   make check   gofmt, go vet, go mod tidy -diff and staticcheck
-#   make bench   the load benchmark against plain Caddy (see docs/benchmarks.md);
-#                BENCH_FLAGS="-write docs/benchmarks.md" records the result
+#   make bench   the load benchmark (see docs/performance.md);
+#                BENCH_FLAGS="-write docs/performance.md" records the result
 #   make fuzz    longer fuzzing runs of every fuzz target (FUZZTIME each, default 1m)
 #                A duration budget can end in a spurious "context deadline exceeded"
 #                on Go 1.26 (golang/go#75804); make test therefore uses fuzz-short,
@@ -21,8 +21,11 @@ XCADDY       := $(GOBIN)/xcaddy
 CADDY_VERSION := v2.11.9
 MODULE       := github.com/caddy-idempotency/caddy-idempotency
 # A pinned pseudo-version keeps the Go command from asking the module proxy
-# about this (unpublished) module; see xcaddy.md.
-PSEUDO       := v0.0.0-00010101000000-000000000000
+# about this (unpublished) module; see xcaddy.md. It is computed from the
+# checkout's commit (its time in UTC and 12 hex digits of its hash), so that
+# `caddy list-modules --versions` tells which commit a binary was built
+# from; outside a git checkout it is the zero pseudo-version.
+PSEUDO       := $(shell TZ=UTC git log -1 --date=format-local:%Y%m%d%H%M%S --format=v0.0.0-%cd-%h --abbrev=12 2>/dev/null || echo v0.0.0-00010101000000-000000000000)
 FUZZTIME     ?= 1m
 STATICCHECK  := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Runs a command with IDEMPOTENCY_REDIS_URL and IDEMPOTENCY_POSTGRES_DSN
@@ -66,6 +69,8 @@ check-build: build testservers
 		http.idempotency.storage.redis http.idempotency.storage.postgres admin.api.idempotency; do \
 		grep -qx "$$m" bin/modules.txt || { echo "bin/caddy lacks module $$m"; exit 1; }; \
 	done
+	@bin/caddy list-modules --versions | grep -qx "http.handlers.idempotency $(PSEUDO)" || \
+		{ echo "bin/caddy does not carry the module version $(PSEUDO)"; exit 1; }
 	@$(WITH_SERVERS) sh -c 'for f in Caddyfile.example Caddyfile.redis.example Caddyfile.postgres.example; do \
 		echo "caddy adapt --config $$f"; \
 		bin/caddy adapt --config $$f > /dev/null || exit 1; \
