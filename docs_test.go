@@ -194,10 +194,12 @@ func docNanoseconds(v any) []string {
 // docCaddyConfig wraps a snippet into a whole Caddy config: a handler, a
 // storage object, or the handler's fields alone become the one handler of
 // a server's route. ok is false for JSON that is no config (an admin API
-// answer).
+// answer, a log line).
 func docCaddyConfig(v map[string]any) (config map[string]any, ok bool) {
 	handler := v
 	switch {
+	case v["msg"] != nil:
+		return nil, false // a log line
 	case v["apps"] != nil:
 		return v, true
 	case v["handler"] != nil:
