@@ -382,3 +382,53 @@ func TestDocLinksPointToFiles(t *testing.T) {
 		}
 	}
 }
+
+// docTreeEntry matches an entry of the layout tree in CONTRIBUTING.md:
+// "├── handler.go   the request flow ...".
+var docTreeEntry = regexp.MustCompile(`(?m)^[│ ]*[├└]── (\S+)`)
+
+// TestDocContributingLayoutMatchesTheRepository checks the layout tree of
+// CONTRIBUTING.md against the files: every root .go file that is not a
+// test, and every top-level directory, is listed, and every path listed
+// exists.
+func TestDocContributingLayoutMatchesTheRepository(t *testing.T) {
+	text, err := os.ReadFile("CONTRIBUTING.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := make(map[string]bool)
+	var parents []string // the directory of each nesting level
+	for _, line := range strings.Split(string(text), "\n") {
+		m := docTreeEntry.FindStringSubmatchIndex(line)
+		if m == nil {
+			continue
+		}
+		depth := strings.Count(line[:m[2]], "│") + strings.Count(line[:m[2]], "    ")
+		name := strings.TrimSuffix(strings.TrimSuffix(line[m[2]:m[3]], ","), "/")
+		parents = append(parents[:min(depth, len(parents))], name)
+		full := strings.Join(parents, "/")
+		for dir := full; dir != "."; dir = filepath.Dir(dir) {
+			listed[dir] = true // "cmd/caddy/" lists cmd too
+		}
+		if strings.ContainsAny(name, "*") {
+			continue
+		}
+		if _, err := os.Stat(full); err != nil {
+			t.Errorf("CONTRIBUTING.md lists %s: %v", full, err)
+		}
+	}
+	entries, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		switch {
+		case e.IsDir() && (name == ".git" || strings.HasPrefix(name, ".") && name != ".ci"):
+		case e.IsDir() && !listed[name]:
+			t.Errorf("CONTRIBUTING.md's layout lacks the directory %s/", name)
+		case !e.IsDir() && strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, "_test.go") && !listed[name]:
+			t.Errorf("CONTRIBUTING.md's layout lacks %s", name)
+		}
+	}
+}
