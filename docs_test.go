@@ -366,8 +366,43 @@ func TestReadmeIsShort(t *testing.T) {
 // docLink matches a relative Markdown link target: [text](path#anchor).
 var docLink = regexp.MustCompile(`\]\(([^)#:\s]+)(#[^)\s]*)?\)`)
 
+// docSamePageLink matches a link to a heading of the same page: [text](#anchor).
+var docSamePageLink = regexp.MustCompile(`\]\((#[^)\s]+)\)`)
+
+// docAnchors returns the anchors GitHub gives the headings of a Markdown
+// file: lower case, punctuation other than - and _ dropped, spaces as -.
+func docAnchors(t *testing.T, file string) map[string]bool {
+	t.Helper()
+	anchors := make(map[string]bool)
+	text, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inFence := false
+	for line := range strings.SplitSeq(string(text), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inFence = !inFence
+		}
+		if inFence || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		heading := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		var b strings.Builder
+		for _, r := range strings.ToLower(heading) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
+				b.WriteRune(r)
+			}
+		}
+		anchors["#"+b.String()] = true
+	}
+	return anchors
+}
+
 // TestDocLinksPointToFiles checks that relative links in the pages point
-// to files of the repository.
+// to files of the repository, and anchors to headings of their page.
 func TestDocLinksPointToFiles(t *testing.T) {
 	for _, page := range append(docPages(t), "CONTRIBUTING.md", "xcaddy.md", "CHANGELOG.md") {
 		text, err := os.ReadFile(page)
@@ -378,6 +413,15 @@ func TestDocLinksPointToFiles(t *testing.T) {
 			target := filepath.Join(filepath.Dir(page), m[1])
 			if _, err := os.Stat(target); err != nil {
 				t.Errorf("%s: link to %s: %v", page, m[1], err)
+				continue
+			}
+			if m[2] != "" && strings.HasSuffix(target, ".md") && !docAnchors(t, target)[m[2]] {
+				t.Errorf("%s: link to %s%s: no such heading", page, m[1], m[2])
+			}
+		}
+		for _, m := range docSamePageLink.FindAllStringSubmatch(string(text), -1) {
+			if !docAnchors(t, page)[m[1]] {
+				t.Errorf("%s: link to %s: no such heading", page, m[1])
 			}
 		}
 	}
