@@ -476,3 +476,29 @@ func TestDocContributingLayoutMatchesTheRepository(t *testing.T) {
 		}
 	}
 }
+
+// TestDocExampleCaddyfilesAreFormattedAndAdapt checks the runnable
+// examples as the snippets are checked.
+func TestDocExampleCaddyfilesAreFormattedAndAdapt(t *testing.T) {
+	examples, err := filepath.Glob("Caddyfile*.example")
+	if err != nil || len(examples) == 0 {
+		t.Fatalf("no Caddyfile examples: %v", err)
+	}
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	for _, file := range examples {
+		text, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(caddyfile.Format(text), text) {
+			t.Errorf("%s: caddy fmt changes it", file)
+		}
+		_, warnings, err := adapter.Adapt(text, map[string]any{"filename": file})
+		if err != nil {
+			t.Errorf("%s: adapting: %v", file, err)
+		}
+		for _, w := range warnings {
+			t.Errorf("%s:%d: adapt warning: %s", file, w.Line, w.Message)
+		}
+	}
+}
