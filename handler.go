@@ -150,8 +150,9 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 }
 
 // warnNothingAfter says, once per handler, that nothing after it in its
-// route answered: a route without reverse_proxy, or with it ordered
-// before idempotency, records empty 200s.
+// route answered, so it recorded an empty 200. (A responding handler
+// ordered before idempotency answers the request itself; idempotency then
+// never runs and cannot tell: docs/caddyfile.md explains the order.)
 func (h *Handler) warnNothingAfter() {
 	if atomic.CompareAndSwapUint32(&h.nothingAfter, 0, 1) {
 		h.logger.Warn("no handler after idempotency in its route wrote a response, so it recorded an empty 200; " +
