@@ -53,7 +53,7 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (*keyedReque
 			return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: err.Error()}
 		}
 	}
-	scope, ok := h.scope.evaluate(repl)
+	scope, ok := h.scope.hash(repl)
 	if !ok {
 		return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid,
 			detail: "the request carries no client identity to scope the key to"}
@@ -82,7 +82,7 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (*keyedReque
 			return nil, ref
 		}
 	}
-	k.key = storage.Key{Scope: hashHex(scope), ID: id}
+	k.key = storage.Key{Scope: scope, ID: id}
 	repl.Set(placeholderKeyHash, k.key.Hash())
 
 	fp, canonical := h.fingerprint.SumJSON(k.sum[:0], r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, body.Bytes())

@@ -71,9 +71,23 @@ func newScopeTemplate(template string) (*scopeTemplate, error) {
 // evaluate returns the request's scope, and false when it is blank (no
 // client identity at all).
 func (t *scopeTemplate) evaluate(repl *caddy.Replacer) (scope string, ok bool) {
-	var b strings.Builder
-	b.Grow(128)
-	b.WriteString(t.texts[0])
+	b, ok := t.appendScope(nil, repl)
+	return string(b), ok
+}
+
+// hash returns the hex SHA-256 of the request's scope (how scopes reach
+// the store), and false when the scope is blank. The scope is built on the
+// stack when it is short, as it usually is: the only allocation is the
+// result.
+func (t *scopeTemplate) hash(repl *caddy.Replacer) (string, bool) {
+	var buf [256]byte
+	b, ok := t.appendScope(buf[:0], repl)
+	return hashHexBytes(b), ok
+}
+
+// appendScope appends the request's scope to b.
+func (t *scopeTemplate) appendScope(b []byte, repl *caddy.Replacer) ([]byte, bool) {
+	b = append(b, t.texts[0]...)
 	blank := t.blankText
 	for i, key := range t.keys {
 		v, _ := repl.Get(key)
@@ -83,36 +97,43 @@ func (t *scopeTemplate) evaluate(repl *caddy.Replacer) (scope string, ok bool) {
 		}
 		switch {
 		case t.lengthPrefixed:
-			b.WriteString(strconv.Itoa(len(s)))
-			b.WriteByte(':')
-			b.WriteString(s)
+			b = strconv.AppendInt(b, int64(len(s)), 10)
+			b = append(b, ':')
+			b = append(b, s...)
 		case i < len(t.escapes):
-			writeEscaped(&b, s, t.escapes[i])
+			b = appendEscaped(b, s, t.escapes[i])
 		default:
-			b.WriteString(s)
+			b = append(b, s...)
 		}
-		b.WriteString(t.texts[i+1])
+		b = append(b, t.texts[i+1]...)
 	}
-	return b.String(), !blank
+	return b, !blank
 }
 
-// writeEscaped writes s to b with a backslash before every backslash and
-// every c.
-func writeEscaped(b *strings.Builder, s string, c byte) {
+// appendEscaped appends s to b with a backslash before every backslash
+// and every c.
+func appendEscaped(b []byte, s string, c byte) []byte {
 	if strings.IndexByte(s, '\\') < 0 && strings.IndexByte(s, c) < 0 {
-		b.WriteString(s)
-		return
+		return append(b, s...)
 	}
 	for i := 0; i < len(s); i++ {
 		if s[i] == '\\' || s[i] == c {
-			b.WriteByte('\\')
+			b = append(b, '\\')
 		}
-		b.WriteByte(s[i])
+		b = append(b, s[i])
 	}
+	return b
 }
 
 // hashHex returns the hex SHA-256 of s: how scopes reach the store.
 func hashHex(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])
+	return hashHexBytes([]byte(s))
+}
+
+// hashHexBytes is hashHex of b, with one allocation: the result.
+func hashHexBytes(b []byte) string {
+	sum := sha256.Sum256(b)
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], sum[:])
+	return string(out[:])
 }

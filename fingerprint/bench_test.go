@@ -57,3 +57,28 @@ func BenchmarkSum64KiB(b *testing.B) {
 func BenchmarkSumRaw64KiB(b *testing.B) {
 	benchmarkSum(b, New([]string{"Content-Type"}, false), []byte(apiJSON(64<<10, 1)))
 }
+
+// BenchmarkDetail1KiB is what every new key pays to be able to say, in a
+// later 422, what differs.
+func BenchmarkDetail1KiB(b *testing.B) {
+	f := New([]string{"Content-Type"}, true)
+	header := http.Header{"Content-Type": {"application/json"}}
+	body := []byte(apiJSON(1<<10, 1))
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if len(f.Detail("POST", "/v1/orders", "", header, body)) == 0 {
+			b.Fatal("empty detail")
+		}
+	}
+}
+
+func TestDetailAllocatesOnlyItsResult(t *testing.T) {
+	f := New([]string{"Content-Type"}, true)
+	header := http.Header{"Content-Type": {"application/json"}}
+	body := []byte(`{"amount":100,"currency":"EUR","items":[{"sku":"a"}]}`)
+	f.Detail("POST", "/v1/orders", "", header, body) // warm the pools
+	if n := testing.AllocsPerRun(100, func() { f.Detail("POST", "/v1/orders", "", header, body) }); n > 1 {
+		t.Fatalf("Detail costs %v allocations, want 1 (its result)", n)
+	}
+}

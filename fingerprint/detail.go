@@ -2,7 +2,6 @@ package fingerprint
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
@@ -44,14 +43,17 @@ func (f *Fingerprinter) Detail(method, path, rawQuery string, header http.Header
 	var salt [saltSize]byte
 	binary.LittleEndian.PutUint64(salt[:8], rand.Uint64())
 	binary.LittleEndian.PutUint64(salt[8:], rand.Uint64())
-	out := append([]byte{detailVersion}, salt[:]...)
-	var parts []part
-	f.parts(salt[:], method, path, rawQuery, header, body, func(p part) { parts = append(parts, p) })
-	out = binary.AppendUvarint(out, uint64(len(parts)))
-	for _, p := range parts {
-		out = appendString(out, p.name)
-		out = append(out, p.digest[:]...)
-	}
+	var out []byte
+	f.parts(salt[:], method, path, rawQuery, header, body, func(count int) {
+		out = make([]byte, 0, 1+saltSize+binary.MaxVarintLen64+count*(16+partDigestSize))
+		out = append(out, detailVersion)
+		out = append(out, salt[:]...)
+		out = binary.AppendUvarint(out, uint64(count))
+	}, func(name []byte, digest [partDigestSize]byte) {
+		out = binary.AppendUvarint(out, uint64(len(name)))
+		out = append(out, name...)
+		out = append(out, digest[:]...)
+	})
 	return out
 }
 
@@ -66,7 +68,11 @@ func (f *Fingerprinter) Differs(detail []byte, method, path, rawQuery string, he
 		return nil, false
 	}
 	var current []part
-	f.parts(salt, method, path, rawQuery, header, body, func(p part) { current = append(current, p) })
+	f.parts(salt, method, path, rawQuery, header, body, func(count int) {
+		current = make([]part, 0, count)
+	}, func(name []byte, digest [partDigestSize]byte) {
+		current = append(current, part{string(name), digest})
+	})
 	seen := make(map[string]bool, len(current))
 	var members []string
 	bodySame := true
@@ -108,67 +114,102 @@ type part struct {
 	digest [partDigestSize]byte
 }
 
-// parts calls emit for each part of the request, in the order Differs
-// reports them.
-func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header http.Header, body []byte, emit func(part)) {
+// parts calls start with the number of parts of the request, then emit
+// for each part, in the order Differs reports them. The name passed to
+// emit is only valid during the call. A part's digest is the first bytes
+// of SHA-256(salt, uvarint(len(name)), name, value).
+func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header http.Header, body []byte,
+	start func(count int), emit func(name []byte, digest [partDigestSize]byte)) {
 	var cfg Fingerprinter
 	if f != nil {
 		cfg = *f
 	}
-	digest := func(name string, value ...[]byte) part {
-		h := sha256.New()
-		h.Write(salt)
-		h.Write(appendString(nil, name))
-		for _, v := range value {
-			h.Write(v)
+	st := sumPool.Get().(*sumState)
+	defer func() {
+		if cap(st.frame) <= maxPooledBytes && cap(st.canon) <= maxPooledBytes {
+			sumPool.Put(st)
 		}
-		p := part{name: name}
-		copy(p.digest[:], h.Sum(nil))
-		return p
+	}()
+	payload, tag := cfg.body(st, header, body)
+	members := 0
+	if tag == bodyCanonical {
+		ok := canonicalMembers(payload, func(name, _ []byte) bool {
+			members++
+			return members <= maxMemberParts && len(name) <= maxMemberName
+		})
+		if !ok {
+			members = 0 // compared as a whole
+		}
 	}
-	emit(digest("method", []byte(method)))
-	emit(digest("path", []byte(path)))
-	emit(digest("query", []byte(rawQuery)))
+	start(4 + len(cfg.headers) + members)
+	// A copy, so that salt does not escape through the hash.Hash interface.
+	st.salt = append(st.salt[:0], salt...)
+
+	// digest hashes st.frame (name and value, or its start) and then
+	// value, and emits the part named st.name.
+	digest := func(value []byte) {
+		st.h.Reset()
+		st.h.Write(st.salt)
+		st.h.Write(st.frame)
+		st.h.Write(value)
+		st.h.Sum(st.sum[:0])
+		emit(st.name, [partDigestSize]byte(st.sum[:partDigestSize]))
+	}
+	named := func(name string) []byte {
+		st.name = append(st.name[:0], name...)
+		return appendString(st.frame[:0], name)
+	}
+	st.frame = append(named("method"), method...)
+	digest(nil)
+	st.frame = append(named("path"), path...)
+	digest(nil)
+	st.frame = append(named("query"), rawQuery...)
+	digest(nil)
 	for _, name := range cfg.headers {
+		st.name = append(append(st.name[:0], "header "...), name...)
+		fr := binary.AppendUvarint(st.frame[:0], uint64(len(st.name)))
+		fr = append(fr, st.name...)
 		values := header[name]
-		enc := binary.AppendUvarint(nil, uint64(len(values)))
+		fr = binary.AppendUvarint(fr, uint64(len(values)))
 		for _, v := range values {
 			if name == "Content-Type" {
 				v = normalizeMediaType(v)
 			}
-			enc = appendString(enc, v)
+			fr = appendString(fr, v)
 		}
-		emit(digest("header "+name, enc))
+		st.frame = fr
+		digest(nil)
 	}
-	st := sumPool.Get().(*sumState)
-	defer sumPool.Put(st)
-	payload, tag := cfg.body(st, header, body)
-	emit(digest("body", []byte{tag}, payload))
-	if tag != bodyCanonical {
+	st.frame = append(named("body"), tag)
+	digest(payload)
+	if members == 0 {
 		return
 	}
-	var members []part
-	ok := canonicalMembers(payload, func(name, member []byte) bool {
-		if len(members) == maxMemberParts || len(name) > maxMemberName {
-			return false
-		}
-		members = append(members, digest(pointerOf(name), member))
+	canonicalMembers(payload, func(name, member []byte) bool {
+		st.name = appendPointer(st.name[:0], name)
+		fr := binary.AppendUvarint(st.frame[:0], uint64(len(st.name)))
+		st.frame = append(fr, st.name...)
+		digest(member)
 		return true
 	})
-	if ok {
-		for _, m := range members {
-			emit(m)
+}
+
+// appendPointer appends the JSON Pointer of the top-level member name:
+// "/" and the name with "~" and "/" escaped (RFC 6901 section 3).
+func appendPointer(dst, name []byte) []byte {
+	dst = append(dst, '/')
+	for _, c := range name {
+		switch c {
+		case '~':
+			dst = append(dst, '~', '0')
+		case '/':
+			dst = append(dst, '~', '1')
+		default:
+			dst = append(dst, c)
 		}
 	}
+	return dst
 }
-
-// pointerOf returns the JSON Pointer of the top-level member name.
-func pointerOf(name []byte) string {
-	return "/" + escapeToken.Replace(string(name))
-}
-
-// escapeToken encodes a reference token (RFC 6901 section 3).
-var escapeToken = strings.NewReplacer("~", "~0", "/", "~1")
 
 // parseDetail reads a detail into its salt and digests by part name.
 func parseDetail(b []byte) (salt []byte, digests map[string][partDigestSize]byte, err error) {

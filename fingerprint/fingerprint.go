@@ -99,6 +99,8 @@ type sumState struct {
 	h     hash.Hash
 	frame []byte // everything but the body
 	canon []byte // the canonical encoding of a JSON body
+	name  []byte // the name of a detail's part
+	salt  []byte // the salt of a detail
 	sum   [Size]byte
 }
 

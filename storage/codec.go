@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"unsafe"
 )
 
 // The binary encoding of a recorded response, shared by the stores that
@@ -56,7 +57,8 @@ func uvarintLen(x uint64) int {
 }
 
 // DecodeResponse decodes an encoding made by AppendResponse. The returned
-// Body aliases b.
+// Body, header names and header values alias b (a replay then copies
+// nothing), so b must not be modified afterwards.
 func DecodeResponse(b []byte) (*Response, error) {
 	if len(b) < 2 {
 		return nil, fmt.Errorf("%w: %d bytes", ErrCorrupt, len(b))
@@ -163,7 +165,11 @@ func (d *decoder) string() string {
 	if d.err != nil {
 		return ""
 	}
-	s := string(d.b[:n])
+	if n == 0 {
+		return ""
+	}
+	// A view, not a copy: DecodeResponse's callers leave b unmodified.
+	s := unsafe.String(&d.b[0], n)
 	d.b = d.b[n:]
 	return s
 }
