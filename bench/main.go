@@ -41,6 +41,8 @@ type options struct {
 	stores   []string
 	records  int
 	write    string
+	// pgMaxConns is the PostgreSQL store's max_conns (0: its default).
+	pgMaxConns int
 }
 
 func main() {
@@ -54,6 +56,7 @@ func main() {
 	flag.IntVar(&o.bodySize, "body", 86, "request body size in bytes (JSON)")
 	flag.StringVar(&stores, "stores", "memory,redis,postgres,redis+cache,postgres+cache", "stores to measure (+cache: with a replay cache)")
 	flag.IntVar(&o.records, "records", 1_000_000, "records for the memory store's heap measurement (0: skip it)")
+	flag.IntVar(&o.pgMaxConns, "pg-max-conns", 0, "the PostgreSQL store's max_conns (0: the module's default)")
 	flag.StringVar(&o.write, "write", "", "also write the results into this Markdown file, between its bench markers")
 	flag.Parse()
 	o.stores = strings.Split(stores, ",")

@@ -68,7 +68,7 @@ func run(o options) error {
 		return err
 	}
 	defer up.srv.Close()
-	env, err := prepareStores(o.stores)
+	env, err := prepareStores(o.stores, o.pgMaxConns)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 type storeEnv struct {
 	redisAddr, redisPrefix string
 	pgDSN, pgTable         string
+	pgMaxConns             int // 0: the module's default
 	counters               map[string]counter
 	versions               map[string]string
 	cleanup                []func()
@@ -45,6 +46,9 @@ func (e *storeEnv) directive(site string) string {
 	case "redis":
 		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl redis://%s/0\n\t\t\tkey_prefix %s\n%s\t\t}\n\t}\n", ttl, e.redisAddr, e.redisPrefix, cache)
 	case "postgres":
+		if e.pgMaxConns > 0 {
+			cache += fmt.Sprintf("\t\t\tmax_conns %d\n", e.pgMaxConns)
+		}
 		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n%s\t\t}\n\t}\n", ttl, e.pgDSN, e.pgTable, cache)
 	}
 	return ""
@@ -52,8 +56,8 @@ func (e *storeEnv) directive(site string) string {
 
 const benchDatabase = "idempotency_bench"
 
-func prepareStores(stores []string) (*storeEnv, error) {
-	e := &storeEnv{counters: map[string]counter{}, versions: map[string]string{}}
+func prepareStores(stores []string, pgMaxConns int) (*storeEnv, error) {
+	e := &storeEnv{counters: map[string]counter{}, versions: map[string]string{}, pgMaxConns: pgMaxConns}
 	ctx := context.Background()
 	for _, s := range stores {
 		if strings.HasSuffix(s, cachedSuffix) {
