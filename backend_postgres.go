@@ -66,8 +66,10 @@ type PostgresStorage struct {
 	CleanupInterval caddy.Duration `json:"cleanup_interval,omitempty"`
 
 	// The most connections this configuration opens to the database, on
-	// every instance. Default: pgx's, the greater of 4 and the number of
-	// CPUs (or the DSN's pool_max_conns).
+	// every instance. A request holds one only while a statement runs.
+	// Default: the DSN's pool_max_conns, else the greater of 16 and twice
+	// the number of CPUs (pgx's own default of 4 on a small machine let
+	// only four new keys reserve at a time).
 	MaxConns int `json:"max_conns,omitempty"`
 
 	// How long one statement on the request path may take, waiting for a

@@ -17,6 +17,7 @@
 //
 //	go run ./bench [-rounds 5] [-duration 4s] [-conns 32] [-body 86]
 //	               [-stores memory,redis,postgres] [-write docs/performance.md]
+//	               [-profile dir]
 //
 // Redis and PostgreSQL are those of the tests (IDEMPOTENCY_REDIS_URL or
 // IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN; `make bench` starts
@@ -41,6 +42,7 @@ type options struct {
 	stores   []string
 	records  int
 	write    string
+	profile  string // a directory for CPU profiles of the last round
 	// pgMaxConns is the PostgreSQL store's max_conns (0: its default).
 	pgMaxConns int
 }
@@ -57,6 +59,7 @@ func main() {
 	flag.StringVar(&stores, "stores", "memory,redis,postgres,redis+cache,postgres+cache", "stores to measure (+cache: with a replay cache)")
 	flag.IntVar(&o.records, "records", 1_000_000, "records for the memory store's heap measurement (0: skip it)")
 	flag.IntVar(&o.pgMaxConns, "pg-max-conns", 0, "the PostgreSQL store's max_conns (0: the module's default)")
+	flag.StringVar(&o.profile, "profile", "", "write a CPU profile of Caddy for every case of the last round into this directory")
 	flag.StringVar(&o.write, "write", "", "also write the results into this Markdown file, between its bench markers")
 	flag.Parse()
 	o.stores = strings.Split(stores, ",")

@@ -33,7 +33,7 @@ func report(o options, cases []benchCase, results map[string][]sample) string {
 		if c.baseline != "" {
 			ratio = fmt.Sprintf("%.2fx of %s (%.2f-%.2f)", median(ratios), c.baseline, minOf(ratios), maxOf(ratios))
 			baseCPU := median(cpuOf(results[c.baseline]))
-			cpuRatio = fmt.Sprintf("+%.1f µs", float64(median(cpus)-baseCPU)/float64(time.Microsecond))
+			cpuRatio = fmt.Sprintf("%+.1f µs", float64(median(cpus)-baseCPU)/float64(time.Microsecond))
 		}
 		if c.target > 0 {
 			verdict := "met"

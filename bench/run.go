@@ -53,6 +53,11 @@ func run(o options) error {
 	if _, err := exec.LookPath("wrk"); err != nil {
 		return fmt.Errorf("wrk is not installed (it drives the load): apt-get install wrk")
 	}
+	if o.profile != "" {
+		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+			return err
+		}
+	}
 	dir, err := os.MkdirTemp("", "idempotency-bench-")
 	if err != nil {
 		return err
@@ -114,7 +119,7 @@ func run(o options) error {
 	for r := range o.rounds {
 		fmt.Fprintf(os.Stderr, "round %d:", r+1)
 		for _, c := range cases {
-			s, err := measure(o, dir, inst.PID(), c, r, body)
+			s, err := measure(o, dir, inst, c, r, body)
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
@@ -177,7 +182,7 @@ func (c benchCase) prefixFor(round int) string {
 }
 
 // measure runs one case once.
-func measure(o options, dir string, pid int, c benchCase, round int, body []byte) (sample, error) {
+func measure(o options, dir string, inst *caddyproc.Instance, c benchCase, round int, body []byte) (sample, error) {
 	ctx := context.Background()
 	var before int64
 	if c.count != nil {
@@ -187,9 +192,14 @@ func measure(o options, dir string, pid int, c benchCase, round int, body []byte
 			return sample{}, err
 		}
 	}
+	pid := inst.PID()
 	cpu0, err := cpuTime(pid)
 	if err != nil {
 		return sample{}, err
+	}
+	profiled := func() error { return nil }
+	if o.profile != "" && round == o.rounds-1 {
+		profiled = startProfile(o.profile, inst.AdminAddr, c.name, o.duration)
 	}
 	w, err := runWrk(o, dir, c.url, c.mode, c.prefixFor(round), o.conns*4, body, o.duration)
 	if err != nil {
@@ -197,6 +207,9 @@ func measure(o options, dir string, pid int, c benchCase, round int, body []byte
 	}
 	cpu1, err := cpuTime(pid)
 	if err != nil {
+		return sample{}, err
+	}
+	if err := profiled(); err != nil {
 		return sample{}, err
 	}
 	if w.non2xx > 0 || w.errors > 0 {
