@@ -143,7 +143,7 @@ func (p *PostgresStorage) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("postgres storage: %w", err)
 	}
 	cc := poolCfg.ConnConfig
-	where := fmt.Sprintf("postgres://%s@%s/%s table %s", cc.User, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cc.Database, cfg.Table)
+	where := fmt.Sprintf("postgres://%s@%s/%s table %s (max_conns %d)", cc.User, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cc.Database, cfg.Table, poolCfg.MaxConns)
 	return p.acquire(ctx.Logger(), "postgres", cfg, where, func() (storage.Store, error) {
 		// No connection is made here: pgxpool connects on first use.
 		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)

@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
 // deadPort is a loopback address where nothing listens.
@@ -44,6 +46,9 @@ func TestStartUpNamesTheStoresAndWarnsOfAnUnreachableOne(t *testing.T) {
 			log := inst.Log()
 			if !strings.Contains(log, `"msg":"idempotency store opened"`) || !strings.Contains(log, `"backend":"`+tc.name+`"`) {
 				t.Errorf("no info line announcing the %s store", tc.name)
+			}
+			if pool := fmt.Sprintf("(max_conns %d)", postgres.DefaultMaxConns()); tc.name == "postgres" && !strings.Contains(log, pool) {
+				t.Errorf("the postgres store's announcement lacks its default pool size %s", pool)
 			}
 			if strings.Contains(log, "hunter2") {
 				t.Error("the log holds the store's password")
