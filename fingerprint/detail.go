@@ -169,15 +169,7 @@ func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header
 		st.name = append(append(st.name[:0], "header "...), name...)
 		fr := binary.AppendUvarint(st.frame[:0], uint64(len(st.name)))
 		fr = append(fr, st.name...)
-		values := header[name]
-		fr = binary.AppendUvarint(fr, uint64(len(values)))
-		for _, v := range values {
-			if name == "Content-Type" {
-				v = normalizeMediaType(v)
-			}
-			fr = appendString(fr, v)
-		}
-		st.frame = fr
+		st.frame = appendHeaderValues(fr, name, header[name])
 		digest(nil)
 	}
 	st.frame = append(named("body"), tag)

@@ -144,14 +144,7 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 	fr = binary.AppendUvarint(fr, uint64(len(cfg.headers)))
 	for _, name := range cfg.headers {
 		fr = appendString(fr, name)
-		values := header[name]
-		fr = binary.AppendUvarint(fr, uint64(len(values)))
-		for _, v := range values {
-			if name == "Content-Type" {
-				v = normalizeMediaType(v)
-			}
-			fr = appendString(fr, v)
-		}
+		fr = appendHeaderValues(fr, name, header[name])
 	}
 
 	payload, tag := cfg.body(st, header, body)
@@ -189,6 +182,19 @@ func (f *Fingerprinter) body(st *sumState, header http.Header, body []byte) ([]b
 
 // appendString appends s with a uvarint length prefix, which keeps adjacent
 // fields from running into each other ("ab"+"c" vs "a"+"bc").
+// appendHeaderValues frames the values of the fingerprinted header name:
+// their count, then each one, media types normalised.
+func appendHeaderValues(dst []byte, name string, values []string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(values)))
+	for _, v := range values {
+		if name == "Content-Type" {
+			v = normalizeMediaType(v)
+		}
+		dst = appendString(dst, v)
+	}
+	return dst
+}
+
 func appendString(dst []byte, s string) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))
 	return append(dst, s...)
