@@ -113,7 +113,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	defer metrics.inFlight.Dec()
 	// What a later 422 needs to tell what differs; taken before the next
 	// handler reads the body.
-	detail := h.fingerprint.Detail(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, k.body.Bytes())
+	detail := h.fingerprint.Detail(r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes())
 	l := holdLease(h.ops, h.logger, k.key, token, time.Duration(h.LockTimeout))
 	rec := newRecorder(w, h.MaxResponseSize)
 
@@ -243,7 +243,7 @@ func (h *Handler) differs(r *http.Request, k *keyedRequest, rec *storage.Record)
 	if rec == nil {
 		return nil
 	}
-	d, ok := h.fingerprint.Differs(rec.Detail, r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, k.body.Bytes())
+	d, ok := h.fingerprint.Differs(rec.Detail, r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes())
 	if !ok {
 		return nil
 	}

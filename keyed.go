@@ -1,11 +1,11 @@
 package idempotency
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -17,6 +17,7 @@ import (
 // known: everything the store is asked with. Done releases what it holds.
 type keyedRequest struct {
 	key    storage.Key
+	path   string // the escaped path, as fingerprinted
 	fp     []byte
 	sum    [fingerprint.Size]byte // fp's storage
 	body   *bufferedBody
@@ -85,7 +86,8 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (*keyedReque
 	k.key = storage.Key{Scope: scope, ID: id}
 	repl.Set(placeholderKeyHash, k.key.Hash())
 
-	fp, canonical := h.fingerprint.SumJSON(k.sum[:0], r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, body.Bytes())
+	k.path = r.URL.EscapedPath()
+	fp, canonical := h.fingerprint.SumJSON(k.sum[:0], r.Method, k.path, r.URL.RawQuery, r.Header, body.Bytes())
 	if !canonical && h.fingerprint.CanonicalJSON() && body.Len() > 0 && fingerprint.DeclaresJSON(r.Header) && !json.Valid(body.Bytes()) {
 		// A body that says it is JSON and is not cannot be compared by
 		// meaning, and no JSON upstream can act on it: refuse it here,
@@ -128,7 +130,7 @@ func (h *Handler) keyFromBody(body []byte) (string, *refusal) {
 			return "", invalid("is not a valid JSON string")
 		}
 		id, err := fingerprint.ParseKey([]string{s}, h.MaxKeyLength)
-		if err != nil || bytes.ContainsRune([]byte(s), '"') {
+		if err != nil || strings.ContainsRune(s, '"') {
 			return "", invalid("must be visible ASCII without commas or quotes, at most " + fmt.Sprint(h.MaxKeyLength) + " bytes")
 		}
 		return id, nil
