@@ -13,7 +13,9 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"time"
 )
@@ -38,7 +40,50 @@ var (
 	// client) holds as many records as one scope may, so that one client
 	// cannot fill the store for everybody. Other scopes are unaffected.
 	ErrScopeFull = errors.New("idempotency store holds too many keys for this scope")
+
+	// ErrUnavailable is wrapped by the errors that mean the store could
+	// not be reached or did not answer in time (a refused or broken
+	// connection, a timeout, a server shutting down or still loading): the
+	// only errors after which a caller may go on without the store (the
+	// Caddy module's fail_open). An error that proves the store answered
+	// (a corrupt record, a refused write, a missing table, a permission)
+	// never wraps it. See Unavailable.
+	ErrUnavailable = errors.New("idempotency store unavailable")
+
+	// ErrInvalid is wrapped by the errors of calls whose arguments a store
+	// cannot take (a response with a status outside 200-999, a key longer
+	// than the store can index): the caller's mistake, never retried.
+	ErrInvalid = errors.New("invalid idempotency store call")
 )
+
+// Unavailable reports whether err means that the store could not be
+// reached or did not answer in time: it wraps ErrUnavailable, or (for
+// stores that do not classify their errors) it is a deadline or a network
+// error. Errors that wrap ErrCorrupt or ErrInvalid are never unavailable.
+func Unavailable(err error) bool {
+	if err == nil || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrInvalid) {
+		return false
+	}
+	var ne net.Error
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne)
+}
+
+// ValidStatus reports whether code is a final status a record can hold:
+// 200-999 (RFC 9110 status codes are three digits; 1xx are interim).
+func ValidStatus(code int) bool { return code >= 200 && code <= 999 }
+
+// CheckResponse reports, wrapping ErrInvalid, why resp cannot be
+// recorded: nil, or a status outside ValidStatus. Stores call it in
+// Complete, so that a record that could not be replayed is never written.
+func CheckResponse(resp *Response) error {
+	switch {
+	case resp == nil:
+		return fmt.Errorf("%w: nil response", ErrInvalid)
+	case !ValidStatus(resp.Status):
+		return fmt.Errorf("%w: status %d is not a final status (200-999)", ErrInvalid, resp.Status)
+	}
+	return nil
+}
 
 // Key names one record: a client's idempotency key within a client scope.
 type Key struct {
