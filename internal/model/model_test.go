@@ -1,0 +1,178 @@
+package model
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	"github.com/jackc/pgx/v5"
+
+	_ "github.com/caddy-idempotency/caddy-idempotency" // the module under test
+	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+)
+
+// The model-based randomized test: configurations, request sequences and
+// upstream behaviours drawn from a seed, run through a real Caddy in this
+// process, every answer and every upstream execution judged against the
+// contract (decide.go, judge*.go). make test runs a short budget on every
+// store; make soak a long one. A failure prints its seed and the smallest
+// trial that still fails; -model.seed replays one seed.
+var (
+	flagSeed   = flag.Uint64("model.seed", 0, "run only this seed")
+	flagTrials = flag.Int("model.trials", 6, "trials per store and server setting")
+	flagSteps  = flag.Int("model.steps", 20, "steps per trial")
+	flagLong   = flag.Bool("model.long", false, "add the slow scenarios (a client that stops reading)")
+	flagStore  = flag.String("model.store", "", "run only this store (memory, redis, postgres)")
+	flagBase   = flag.Uint64("model.base", 0, "first seed (default: random, printed)")
+
+	flagShrinkKinds = flag.Int("model.shrink-kinds", 3, "kinds of anomaly to shrink a failing trial for")
+	flagShrinkRuns  = flag.Int("model.shrink-runs", 25, "re-runs to shrink a failing trial with, per kind")
+)
+
+// setting is a store under particular server settings.
+type setting struct {
+	store, name string
+	open        func(t *testing.T) func(env *Env)
+}
+
+func settings() []setting {
+	return []setting{
+		{"memory", "", func(*testing.T) func(*Env) { return func(*Env) {} }},
+		{"redis", "", func(t *testing.T) func(*Env) {
+			addr := redistest.Addr()
+			redistest.Require(t, addr)
+			return func(env *Env) { env.RedisURL = "redis://" + addr + "/0" }
+		}},
+		{"redis", "persistent", func(t *testing.T) func(*Env) {
+			srv := redistest.StartServerArgs(t, "--appendonly", "yes", "--appendfsync", "always")
+			return func(env *Env) { env.RedisURL = "redis://" + srv.Addr + "/0" }
+		}},
+		{"postgres", "", func(t *testing.T) func(*Env) {
+			dsn := pgtest.Require(t)
+			table := pgtest.Table(t, dsn)
+			return func(env *Env) { env.PostgresD, env.PGTable = dsn, table }
+		}},
+		{"postgres", "serializable", isolatedPostgres("serializable")},
+		{"postgres", "repeatable read", isolatedPostgres("repeatable read")},
+	}
+}
+
+// isolatedPostgres is a database of the test's own whose default
+// isolation is level.
+func isolatedPostgres(level string) func(t *testing.T) func(*Env) {
+	return func(t *testing.T) func(*Env) {
+		dsn := pgtest.Require(t)
+		db, name := pgtest.Database(t, dsn)
+		pgtest.Exec(t, dsn, `ALTER DATABASE `+pgx.Identifier{name}.Sanitize()+` SET default_transaction_isolation = '`+level+`'`)
+		return func(env *Env) { env.PostgresD, env.PGTable = db, "idempotency_keys" }
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func newEnv(t *testing.T) *Env {
+	up, err := NewUpstream(clockForModules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { _ = caddy.Stop() })
+	return &Env{Up: up, Port: freePort(t)}
+}
+
+func TestModel(t *testing.T) {
+	base := *flagBase
+	if base == 0 {
+		base = uint64(os.Getpid())<<20 ^ uint64(caddyRandom())
+	}
+	t.Logf("model seeds from %d (replay one with -model.seed N)", base)
+	for _, st := range settings() {
+		if *flagStore != "" && st.store != *flagStore {
+			continue
+		}
+		t.Run(strings.TrimSpace(st.store+" "+st.name), func(t *testing.T) {
+			env := newEnv(t)
+			st.open(t)(env)
+			seeds := []uint64{*flagSeed}
+			if *flagSeed == 0 {
+				seeds = seeds[:0]
+				for i := range *flagTrials {
+					seeds = append(seeds, base+uint64(i))
+				}
+			}
+			for _, seed := range seeds {
+				tr := Generate(seed, Store{Kind: st.store}, *flagSteps, *flagLong)
+				tr.Setting = st.name
+				if an := env.Run(tr); len(an) > 0 {
+					reportFailure(t, env, tr, an)
+				}
+			}
+		})
+	}
+}
+
+// reportFailure shrinks a failing trial and fails the test with its seed,
+// the smallest trial that still fails, and its anomalies.
+func reportFailure(t *testing.T, env *Env, tr *Trial, an []Anomaly) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d (%s %s): %d anomalies; replay with -model.store %s -model.seed %d -model.steps %d\n",
+		tr.Seed, tr.Store, tr.Setting, len(an), tr.Store, tr.Seed, len(tr.Steps))
+	for _, a := range summarize(an) {
+		fmt.Fprintf(&b, "  %s\n", a)
+	}
+	// The smallest trial that still fails, for each kind of anomaly.
+	seen := map[string]bool{}
+	for _, a := range an {
+		if seen[a.Kind] || len(seen) == *flagShrinkKinds {
+			continue
+		}
+		seen[a.Kind] = true
+		small, smallAn := Shrink(env, tr, []Anomaly{a}, *flagShrinkRuns)
+		fmt.Fprintf(&b, "smallest trial still failing with %s (%d of %d steps):\n%s", a.Kind, len(small.Steps), len(tr.Steps), indent(small.Describe()))
+		for _, sa := range smallAn {
+			if sa.Kind == a.Kind {
+				fmt.Fprintf(&b, "    => %s\n", sa)
+				break
+			}
+		}
+	}
+	t.Error(b.String())
+}
+
+func indent(s string) string {
+	return "    " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n    ") + "\n"
+}
+
+// summarize keeps the first anomaly of each kind, and counts.
+func summarize(an []Anomaly) []string {
+	count := map[string]int{}
+	var out []string
+	for _, a := range an {
+		count[a.Kind]++
+		if count[a.Kind] == 1 {
+			out = append(out, a.String())
+		}
+	}
+	for i, s := range out {
+		kind := strings.SplitN(strings.SplitN(s, ": ", 2)[1], ":", 2)[0]
+		if n := count[kind]; n > 1 {
+			out[i] = fmt.Sprintf("%s (and %d more %s)", s, n-1, kind)
+		}
+	}
+	return out
+}
