@@ -57,7 +57,7 @@ type judge struct {
 	// invalidStatus counts transparent answers with a status net/http
 	// refuses to write: it panics on each, as it would without the module.
 	invalidStatus int
-	all       []*record         // every record the trial made
+	all           []*record // every record the trial made
 }
 
 func newJudge(cfg *Config, up *Upstream) *judge {

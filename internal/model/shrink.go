@@ -84,7 +84,9 @@ var simplifications = []func(c *Config) bool{
 		c.Layout.Handlers[0].Match = ""
 		return true
 	},
-	func(c *Config) bool { return simplifyPolicy(c, func(p *Policy) bool { r := p.TTL != 0; p.TTL = 0; return r }) },
+	func(c *Config) bool {
+		return simplifyPolicy(c, func(p *Policy) bool { r := p.TTL != 0; p.TTL = 0; return r })
+	},
 	func(c *Config) bool {
 		return simplifyPolicy(c, func(p *Policy) bool { r := p.LockTimeout != 0; p.LockTimeout = 0; return r })
 	},
@@ -100,7 +102,9 @@ var simplifications = []func(c *Config) bool{
 	func(c *Config) bool {
 		return simplifyPolicy(c, func(p *Policy) bool { r := p.KeyJSON != ""; p.KeyJSON = ""; return r })
 	},
-	func(c *Config) bool { return simplifyPolicy(c, func(p *Policy) bool { r := p.Wait; p.Wait = false; return r }) },
+	func(c *Config) bool {
+		return simplifyPolicy(c, func(p *Policy) bool { r := p.Wait; p.Wait = false; return r })
+	},
 	func(c *Config) bool {
 		return simplifyPolicy(c, func(p *Policy) bool { r := p.ReplayHeader != ""; p.ReplayHeader = ""; return r })
 	},
