@@ -106,8 +106,8 @@ func TestCaddyfileOptions(t *testing.T) {
 		},
 		{
 			name:  "lock_timeout in days",
-			input: block("lock_timeout 2d"),
-			want:  idempotency.Handler{Header: "Idempotency-Key", LockTimeout: caddy.Duration(48 * time.Hour)},
+			input: block("lock_timeout 1d"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", LockTimeout: caddy.Duration(24 * time.Hour)},
 		},
 		{
 			name:  "methods are upper-cased",

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"testing"
 	"time"
@@ -23,17 +24,19 @@ func TestFeatureOptionChecksInJSON(t *testing.T) {
 
 func TestPreferredWait(t *testing.T) {
 	for header, want := range map[string]time.Duration{
-		"wait=5":                    5 * time.Second,
-		"respond-async, wait=10":    10 * time.Second,
-		`WAIT="3"`:                  3 * time.Second,
-		"wait=2; foo=bar":           2 * time.Second,
-		"handling=lenient, wait=0":  0,
-		"return=minimal":            -1,
-		"wait":                      -1,
-		"wait=soon":                 -1,
-		"wait=-1":                   -1,
-		"waiting=5":                 -1,
-		"wait=99999999999999999999": -1,
+		"wait=5":                   5 * time.Second,
+		"respond-async, wait=10":   10 * time.Second,
+		`WAIT="3"`:                 3 * time.Second,
+		"wait=2; foo=bar":          2 * time.Second,
+		"handling=lenient, wait=0": 0,
+		"return=minimal":           -1,
+		"wait":                     -1,
+		"wait=soon":                -1,
+		"wait=-1":                  -1,
+		"waiting=5":                -1,
+		// Beyond any wait_timeout: as long as allowed (waitFor caps it).
+		"wait=99999999999999999999": math.MaxInt32 * time.Second,
+		"wait=4294967296":           math.MaxInt32 * time.Second,
 	} {
 		got, ok := preferredWait(http.Header{"Prefer": {header}})
 		if (want < 0 && ok) || (want >= 0 && (!ok || got != want)) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -144,8 +145,10 @@ func TestReplayKeepsTheHeadersOuterHandlersSet(t *testing.T) {
 		"X-Request-Id":                {"two"},
 	})
 	hdr := retry.Header()
-	if got := hdr.Values("Access-Control-Allow-Origin"); len(got) != 1 || got[0] != "https://b.example" {
-		t.Errorf("replay Access-Control-Allow-Origin = %q, want exactly the current request's", got)
+	// The first answer had the outer handler's value and the upstream's
+	// after it: so has the replay, with the current request's outer value.
+	if got := hdr.Values("Access-Control-Allow-Origin"); !slices.Equal(got, []string{"https://b.example", "*"}) {
+		t.Errorf("replay Access-Control-Allow-Origin = %q, want the current request's, then the upstream's", got)
 	}
 	if got := hdr.Values("X-Request-Id"); len(got) != 1 || got[0] != "two" {
 		t.Errorf("replay X-Request-Id = %q, want the current request's", got)

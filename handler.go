@@ -46,18 +46,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if _, taken := repl.Get(placeholderKeyHash); taken {
-		// An outer idempotency handler owns this request's key.
+		// An outer enforcing idempotency handler owns this request's key.
 		return next.ServeHTTP(w, r)
 	}
 	if h.observing {
+		if _, seen := repl.Get(placeholderObservedKeyHash); seen {
+			return next.ServeHTTP(w, r) // an outer observer classifies it
+		}
 		return h.observe(w, r, next, repl)
 	}
 
 	k, ref := h.keyRequest(r, repl)
+	if k != nil {
+		defer k.done() // after the next handler: it may read the body
+	}
 	if ref != nil {
 		return h.refuse(w, r, next, repl, ref)
 	}
-	defer k.done()
 
 	res, err := h.reserve(r.Context(), k.key, k.fp)
 	if err != nil {
@@ -65,12 +70,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	how := outcomeReplayed
 	if res.Outcome == storage.Conflict {
-		if wait, asked := h.waitFor(r); wait > 0 {
+		if wait, asked := h.waitFor(r); wait > 0 && h.enterWait() {
 			how = outcomeWaited
 			if asked {
 				w.Header().Set("Preference-Applied", preferenceApplied(wait))
 			}
-			if res, err = h.await(r.Context(), k.key, k.fp, res, wait); err != nil {
+			res, err = h.await(r.Context(), k.key, k.fp, res, wait)
+			h.leaveWait()
+			if err != nil {
 				return h.storeFailed(w, r, next, repl, k.key, err)
 			}
 		}
@@ -115,7 +122,8 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	// handler reads the body.
 	detail := h.fingerprint.Detail(r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes())
 	l := holdLease(h.ops, h.logger, k.key, token, time.Duration(h.LockTimeout))
-	rec := newRecorder(w, h.MaxResponseSize)
+	rec := newRecorder(w, h.MaxResponseSize, h.observing)
+	defer rec.unbound()
 
 	if !h.observing {
 		// The request runs to the end even if the client hangs up: an
@@ -140,9 +148,13 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	finished = true
 	l.stop()
 	failure := ""
-	if err != nil {
+	switch {
+	case err != nil:
 		failure = "the handler failed: " + err.Error()
-	} else if rec.status == 0 && !rec.hijacked {
+	case rec.invalid != 0:
+		failure = fmt.Sprintf("the handler answered with status %d, which HTTP cannot send", rec.invalid)
+		err = caddyhttp.Error(http.StatusBadGateway, errors.New(failure))
+	case rec.status == 0 && !rec.hijacked:
 		h.warnNothingAfter()
 	}
 	h.finish(r.Context(), k.key, token, rec, detail, failure)
@@ -167,12 +179,15 @@ func (h *Handler) warnNothingAfter() {
 // the record is completed; when the response is incomplete (an error or
 // a panic after the status, such as reverse_proxy's http.ErrAbortHandler
 // when the upstream broke off mid-body), with its body omitted. Before
-// any final status, a failure frees the key for the retry.
+// any final status that HTTP can send, a failure frees the key for the
+// retry.
 func (h *Handler) finish(ctx context.Context, key storage.Key, token storage.Token, rec *recorder, detail []byte, failure string) {
 	status, header, body, omitted := rec.response()
 	switch {
 	case rec.hijacked:
 		h.release(ctx, key, token, "the connection was hijacked")
+	case rec.invalid != 0 || !storage.ValidStatus(status):
+		h.release(ctx, key, token, fmt.Sprintf("invalid status %d", max(rec.invalid, status)))
 	case failure != "" && rec.status == 0:
 		h.release(ctx, key, token, failure)
 	case h.releaseOn.has(status):
@@ -184,42 +199,38 @@ func (h *Handler) finish(ctx context.Context, key storage.Key, token storage.Tok
 			h.logger.Warn("the response broke off after its status was sent; recording status and headers without the body",
 				zap.String("key_hash", key.Hash()), zap.Int("status", status), zap.String("failure", failure))
 		}
-		if h.observing && header.Get("Content-Encoding") != "" {
-			// Observe mode leaves Accept-Encoding alone: a body in one
-			// client's encoding is no replay for another, should the
-			// route switch to enforce while the record lives.
-			resp.Body, resp.BodyOmitted = nil, true
-		}
+		identityBody(resp, h.MaxResponseSize)
 		h.complete(ctx, key, token, resp)
 	}
 }
 
-// replay answers with a recorded response. Headers that handlers outside
-// this one set for the current request (CORS, request ids) stay as they
-// are; the recorded ones fill in the rest.
+// replay answers with a recorded response: the headers the outer handlers
+// set for the current request (CORS, request ids), changed as the inner
+// handlers changed them the first time, the body, and the trailers.
 func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, rec *storage.Record, how outcome) error {
 	h.settle(r, repl, how)
 	traceReplay(r.Context(), rec)
 	resp := rec.Response
 	hdr := w.Header()
-	for name, values := range resp.Header {
-		if _, outer := hdr[name]; outer {
-			continue
-		}
-		// Clipped, so that an outer handler appending a value copies the
-		// slice instead of writing into the stored record.
-		hdr[name] = values[:len(values):len(values)]
-	}
+	trailers := replayHeader(hdr, resp.Header)
 	if h.replayHeader != "" {
 		hdr.Set(h.replayHeader, "true")
 	}
 	if resp.BodyOmitted {
 		hdr.Del("Content-Length")
 		hdr.Set(bodyOmittedHeader, "true")
+	} else if len(trailers) > 0 {
+		hdr.Del("Content-Length") // trailers need a chunked body
+		hdr["Trailer"] = []string{strings.Join(trailers, ", ")}
 	}
 	w.WriteHeader(resp.Status)
 	if r.Method != http.MethodHead && len(resp.Body) > 0 {
 		_, _ = w.Write(resp.Body) // a client gone mid-replay loses nothing
+	}
+	if !resp.BodyOmitted {
+		for _, name := range trailers {
+			hdr[name] = resp.Header[http.TrailerPrefix+name]
+		}
 	}
 	return nil
 }
@@ -263,7 +274,10 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 		w.Header().Set("Retry-After", storeFullRetryAfter)
 		return h.reject(w, r, repl, outcomeStoreError, problemStoreFull,
 			"too many requests are being tracked; retry later")
-	case h.OnStorageError == failOpen:
+	case h.OnStorageError == failOpen && storage.Unavailable(err):
+		// Only a store that cannot be reached or is too slow is passed
+		// by: an error that proves it answered (a corrupt record, a
+		// refused write) fails closed.
 		h.logger.Warn("idempotency store unavailable; passing the request on without idempotency (fail_open)",
 			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
 		h.settle(r, repl, outcomeStoreError)

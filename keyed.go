@@ -40,9 +40,15 @@ type refusal struct {
 
 // keyRequest finds the request's key, scope and body and fingerprints it,
 // holding the store from before the body is read. The key comes from the
-// key header, or from the JSON body with key_json. The request's key hash
-// is set (marking it as taken for inner handlers) once it has a key.
-func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (*keyedRequest, *refusal) {
+// key header, or from the JSON body with key_json. Once it has a key, an
+// enforcing handler sets the request's key hash, marking the request as
+// taken for inner handlers; an observing one never does (it must not
+// switch off an enforcing handler nested in it).
+//
+// Once the body has been read, k is returned whatever the refusal, and
+// its done must be called when the request is over: a request that goes
+// on (no key found in the body, observe mode) reads its body from k.
+func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedRequest, ref *refusal) {
 	values := r.Header[h.headerKey]
 	if len(values) == 0 && h.keyJSON == nil {
 		return nil, h.noKey()
@@ -54,7 +60,7 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (*keyedReque
 			return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: err.Error()}
 		}
 	}
-	scope, ok := h.scope.hash(repl)
+	scope, ok := h.scope.hash(repl, h.observing)
 	if !ok {
 		return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid,
 			detail: "the request carries no client identity to scope the key to"}
@@ -75,16 +81,18 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (*keyedReque
 		}
 		return nil, &refusal{outcome: outcomeInvalid, err: err}
 	}
-	k := &keyedRequest{body: body, unhold: unhold}
+	k = &keyedRequest{body: body, unhold: unhold}
 	if id == "" {
-		var ref *refusal
 		if id, ref = h.keyFromBody(body.Bytes()); ref != nil {
-			k.done()
-			return nil, ref
+			return k, ref
 		}
 	}
 	k.key = storage.Key{Scope: scope, ID: id}
-	repl.Set(placeholderKeyHash, k.key.Hash())
+	if h.observing {
+		repl.Set(placeholderObservedKeyHash, k.key.Hash())
+	} else {
+		repl.Set(placeholderKeyHash, k.key.Hash())
+	}
 
 	k.path = r.URL.EscapedPath()
 	fp, canonical := h.fingerprint.SumJSON(k.sum[:0], r.Method, k.path, r.URL.RawQuery, r.Header, body.Bytes())
@@ -92,8 +100,7 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (*keyedReque
 		// A body that says it is JSON and is not cannot be compared by
 		// meaning, and no JSON upstream can act on it: refuse it here,
 		// before anything is stored.
-		k.done()
-		return nil, &refusal{outcome: outcomeInvalid, problem: problemBodyNotJSON,
+		return k, &refusal{outcome: outcomeInvalid, problem: problemBodyNotJSON,
 			detail: "the request body is declared as JSON but is not valid JSON"}
 	}
 	k.fp = fp

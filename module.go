@@ -39,11 +39,17 @@ const (
 	defaultWaitTimeout     = 10 * time.Second
 	defaultReplayHeader    = "Idempotent-Replayed"
 
-	// Floors: a lease renewed every third of a nanosecond, or a record
-	// kept for less than a second, is a misreading of the unit (JSON
-	// durations without one are nanoseconds), never an intent.
+	// Floors and ceilings. Below a floor, a value is a misreading of the
+	// unit (JSON durations without one are nanoseconds: "ttl": 86400 is
+	// 86 microseconds), never an intent; above a ceiling, it is a typo
+	// that time arithmetic would overflow on (106751 days is the most a
+	// time.Duration holds). Stores saturate besides.
 	minTTL         = caddy.Duration(time.Second)
+	maxTTL         = caddy.Duration(3650 * 24 * time.Hour)
 	minLockTimeout = caddy.Duration(time.Second)
+	maxLockTimeout = caddy.Duration(24 * time.Hour)
+	minWaitTimeout = caddy.Duration(10 * time.Millisecond)
+	maxWaitTimeout = caddy.Duration(time.Hour)
 
 	errorsProblem      = "problem"
 	errorsHandleErrors = "handle_errors"
@@ -61,7 +67,13 @@ const (
 var (
 	defaultMethods            = []string{http.MethodPost, http.MethodPatch}
 	defaultFingerprintHeaders = []string{"Content-Type"}
-	defaultReleaseOn          = []string{"5xx"}
+	// Answers that say nothing was done free the key: a server error, and
+	// the refusals that come before any work (no or bad credentials, a
+	// proxy's authentication, a request timeout, a rate limit). Keeping
+	// them would let a client with made-up credentials fill the store
+	// with 401s, and make a retry after a fixed token or a lifted limit
+	// replay the refusal.
+	defaultReleaseOn = []string{"5xx", "401", "403", "407", "408", "429"}
 )
 
 // Handler enforces the Idempotency-Key contract on the requests it sees.
@@ -81,12 +93,12 @@ type Handler struct {
 	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=http.idempotency.storage inline_key=backend"`
 
 	// How long a completed response is kept and replayed, counted from
-	// completion. Default: 24h.
+	// completion: at least 1s, at most 3650d. Default: 24h.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 
-	// The lease of an in-flight request. It is renewed every third of this
-	// while the request runs; if the instance running it dies, the lease
-	// lapses and the next retry takes the key over. Default: 30s.
+	// The lease of an in-flight request: at least 1s, at most 24h. It is
+	// renewed while the request runs; if the instance running it dies, the
+	// lease lapses and the next retry takes the key over. Default: 30s.
 	LockTimeout caddy.Duration `json:"lock_timeout,omitempty"`
 
 	// The request methods that use keys; other requests pass through
@@ -126,7 +138,9 @@ type Handler struct {
 
 	// Response statuses that free the key instead of being recorded, so
 	// that a retry runs again: codes ("429") or classes ("5xx"). Handler
-	// errors and panics always free the key. Default: ["5xx"].
+	// errors and panics before a status always free the key. Default:
+	// ["5xx", "401", "403", "407", "408", "429"]: the answers that say
+	// nothing was done.
 	ReleaseOn []string `json:"release_on,omitempty"`
 
 	// What a request gets while another with the same key is running:
@@ -138,7 +152,7 @@ type Handler struct {
 	// How long a request waits at most for the first request with its key
 	// to finish: with in_flight "wait", and for a request that asks with
 	// `Prefer: wait=<seconds>` (which then waits the lesser of its own and
-	// this). Default: 10s.
+	// this). At least 10ms, at most 1h. Default: 10s.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
 	// What to do when the store cannot be reached: "fail_closed" answers
@@ -193,6 +207,7 @@ type Handler struct {
 	keyJSON      *fingerprint.Pointer // nil without key_json
 	observing    bool                 // mode observe
 	nothingAfter uint32               // warnNothingAfter has warned (atomic)
+	waiting      int32                // requests waiting for an in-flight first one (atomic)
 	replayHeader string
 	releaseOn    statusSet
 	fingerprint  *fingerprint.Fingerprinter
@@ -375,13 +390,20 @@ func (h *Handler) Validate() error {
 // Caddyfile parser runs it after each option (reporting the line that made
 // the config invalid) and Provision runs it on the defaulted config.
 func (h *Handler) check() error {
+	for _, d := range []struct {
+		name     string
+		v        caddy.Duration
+		min, max caddy.Duration
+	}{
+		{"ttl", h.TTL, minTTL, maxTTL},
+		{"lock_timeout", h.LockTimeout, minLockTimeout, maxLockTimeout},
+		{"wait_timeout", h.WaitTimeout, minWaitTimeout, maxWaitTimeout},
+	} {
+		if err := checkDuration(d.name, d.v, d.min, d.max); err != nil {
+			return err
+		}
+	}
 	switch {
-	case h.TTL != 0 && h.TTL < minTTL:
-		return fmt.Errorf("ttl must be at least %s, got %s", time.Duration(minTTL), time.Duration(h.TTL))
-	case h.LockTimeout != 0 && h.LockTimeout < minLockTimeout:
-		return fmt.Errorf("lock_timeout must be at least %s, got %s", time.Duration(minLockTimeout), time.Duration(h.LockTimeout))
-	case h.WaitTimeout < 0:
-		return fmt.Errorf("wait_timeout must be positive, got %s", time.Duration(h.WaitTimeout))
 	case h.MaxKeyLength < 0:
 		return fmt.Errorf("max_key_length must be positive, got %d", h.MaxKeyLength)
 	case h.MaxBodySize < 0:
@@ -452,6 +474,20 @@ func (h *Handler) check() error {
 // servers shut down gracefully, without a deadline), and those requests
 // must still complete or release their keys.
 func (h *Handler) Cleanup() error {
+	return nil
+}
+
+// checkDuration reports a duration option outside [lo, hi]; zero is the
+// default, and fine.
+func checkDuration(name string, v, lo, hi caddy.Duration) error {
+	switch {
+	case v == 0:
+		return nil
+	case v < lo:
+		return fmt.Errorf("%s must be at least %s, got %s", name, time.Duration(lo), time.Duration(v))
+	case v > hi:
+		return fmt.Errorf("%s must be at most %s, got %s", name, time.Duration(hi), time.Duration(v))
+	}
 	return nil
 }
 

@@ -69,7 +69,7 @@ func TestProvisionDefaults(t *testing.T) {
 		{"max_response_size", h.MaxResponseSize, int64(1 << 20)},
 		{"fingerprint.headers", h.Fingerprint.Headers, []string{"Content-Type"}},
 		{"fingerprint.canonical_json (effective)", h.fingerprint.CanonicalJSON(), true},
-		{"release_on", h.ReleaseOn, []string{"5xx"}},
+		{"release_on", h.ReleaseOn, []string{"5xx", "401", "403", "407", "408", "429"}},
 		{"in_flight", h.InFlight, "reject"},
 		{"wait_timeout", time.Duration(h.WaitTimeout), 10 * time.Second},
 		{"on_storage_error", h.OnStorageError, "fail_closed"},
@@ -83,12 +83,13 @@ func TestProvisionDefaults(t *testing.T) {
 		}
 	}
 
-	for _, code := range []int{500, 502, 503, 599} {
+	// The answers that say nothing was done free the key.
+	for _, code := range []int{500, 502, 503, 599, 401, 403, 407, 408, 429} {
 		if !h.releaseOn.has(code) {
 			t.Errorf("default release_on does not free the key on %d", code)
 		}
 	}
-	for _, code := range []int{200, 201, 204, 301, 400, 409, 422, 429, 499} {
+	for _, code := range []int{200, 201, 204, 301, 400, 404, 409, 422, 499} {
 		if h.releaseOn.has(code) {
 			t.Errorf("default release_on frees the key on %d", code)
 		}
@@ -188,7 +189,7 @@ func TestProvisionInvalidConfig(t *testing.T) {
 		{"negative lock_timeout", `{"lock_timeout":"-30s"}`, []string{"lock_timeout", "at least 1s", "-30s"}},
 		{"ttl below the floor", `{"ttl":"999ms"}`, []string{"ttl", "at least 1s", "999ms"}},
 		{"lock_timeout in nanoseconds", `{"lock_timeout":30}`, []string{"lock_timeout", "at least 1s", "30ns"}},
-		{"negative wait_timeout", `{"in_flight":"wait","wait_timeout":"-2s"}`, []string{"wait_timeout", "positive", "-2s"}},
+		{"negative wait_timeout", `{"in_flight":"wait","wait_timeout":"-2s"}`, []string{"wait_timeout", "at least", "-2s"}},
 		{"negative max_key_length", `{"max_key_length":-1}`, []string{"max_key_length", "positive", "-1"}},
 		{"negative max_body_size", `{"max_body_size":-1}`, []string{"max_body_size", "positive", "-1"}},
 		{"negative max_response_size", `{"max_response_size":-1}`, []string{"max_response_size", "positive", "-1"}},

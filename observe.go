@@ -19,16 +19,19 @@ import (
 // touching it. A failing store changes nothing for the request.
 func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer) error {
 	k, ref := h.keyRequest(r, repl)
+	if k != nil {
+		defer k.done() // after the next handler, which reads the body
+	}
 	if ref != nil {
 		if ref.outcome == outcomePassed {
 			return h.pass(w, r, next, repl)
 		}
 		// A body that could not be read, or was over max_body_size, was
-		// put back for the next handler (readBody).
+		// put back for the next handler (readBody); one that was read
+		// whole is the next handler's to read (k.body).
 		h.settle(r, repl, ref.outcome)
 		return next.ServeHTTP(w, r)
 	}
-	defer k.done()
 
 	res, err := h.reserve(r.Context(), k.key, k.fp)
 	switch {

@@ -57,6 +57,16 @@ const (
 	// placeholderProblem is the problem type of a rejection, for the
 	// site's handle_errors routes.
 	placeholderProblem = "http.idempotency.problem"
+	// placeholderObservedKeyHash is the key hash of an observing
+	// handler's record (its own namespace); it takes nothing.
+	placeholderObservedKeyHash = "http.idempotency.observed_key_hash"
+	// placeholderPassing marks a request an enforcing handler passed on
+	// without a key: the outermost such handler counts it as passed, once,
+	// if no inner handler takes its key.
+	placeholderPassing = "http.idempotency.passing"
+	// placeholderSettled marks a request an enforcing handler has
+	// answered for (any outcome but passed, or passed counted).
+	placeholderSettled = "http.idempotency.settled"
 )
 
 // settle records how the handler answered a request: in the
@@ -64,17 +74,26 @@ const (
 // log and a debug log.
 func (h *Handler) settle(r *http.Request, repl *caddy.Replacer, o outcome) {
 	repl.Set(placeholderOutcome, string(o))
+	if !h.observing {
+		repl.Set(placeholderSettled, true)
+	}
 	if h.observing {
 		countObserved(o)
 	} else {
 		countOutcome(o)
 	}
-	traceOutcome(r.Context(), o, repl, h.backendName)
-	kh, _ := repl.GetString(placeholderKeyHash)
+	traceOutcome(r.Context(), o, repl, h.backendName, h.observing)
+	khName, outcomeField, hashField := placeholderKeyHash, "idempotency_outcome", "idempotency_key_hash"
+	if h.observing {
+		// The access log says what was only observed, apart from what an
+		// enforcing handler did with the same request.
+		khName, outcomeField, hashField = placeholderObservedKeyHash, "idempotency_observed", "idempotency_observed_key_hash"
+	}
+	kh, _ := repl.GetString(khName)
 	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
-		extra.Add(zap.String("idempotency_outcome", string(o)))
+		extra.Add(zap.String(outcomeField, string(o)))
 		if kh != "" {
-			extra.Add(zap.String("idempotency_key_hash", kh))
+			extra.Add(zap.String(hashField, kh))
 		}
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "idempotency outcome"); c != nil {
@@ -84,15 +103,20 @@ func (h *Handler) settle(r *http.Request, repl *caddy.Replacer, o outcome) {
 
 // pass hands a request that carries no key to the next handler. An inner
 // idempotency handler may still take it (its own rules apply, `required`
-// included): the request counts as passed only if none did, and only once
-// however many handlers passed it on.
+// included): the request counts as passed only if no enforcing handler
+// took it, and only once however many handlers passed it on. An observing
+// handler counts what it saw on its own (observed_total).
 func (h *Handler) pass(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer) error {
-	if _, outer := repl.Get(placeholderOutcome); outer {
+	if h.observing {
+		h.settle(r, repl, outcomePassed)
+		return next.ServeHTTP(w, r)
+	}
+	if _, outer := repl.Get(placeholderPassing); outer {
 		return next.ServeHTTP(w, r) // an outer handler passed it on and counts it
 	}
-	repl.Set(placeholderOutcome, string(outcomePassed))
+	repl.Set(placeholderPassing, true)
 	err := next.ServeHTTP(w, r)
-	if o, _ := repl.GetString(placeholderOutcome); o == string(outcomePassed) {
+	if _, settled := repl.Get(placeholderSettled); !settled {
 		h.settle(r, repl, outcomePassed)
 	}
 	return err

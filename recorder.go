@@ -6,56 +6,82 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
+// clientStallTimeout is how long a write to a client that takes none of
+// the answer may block before the client counts as gone. The record is
+// written once the answer has ended, and retries meanwhile get 409: a
+// client that stops reading must not hold its key for as long as its
+// connection lives.
+const clientStallTimeout = 10 * time.Second
+
 // recorder streams a response to the client while keeping a copy of it
-// for the store: the status and the headers that the inner handlers set
-// for the final response, and the body up to a limit.
+// for the store: the status, the changes the inner handlers made to the
+// headers, the body up to a limit, and the trailers.
 //
 // Once the next handler has produced a response, that response is what
 // every retry will get, so the recorder never stops it: writes to a client
-// that has gone away are dropped, not reported, and a body too large to
-// keep is still read to its end. Flushing, deadlines and full duplex reach
-// the client's writer through Unwrap.
+// that has gone away (or stopped reading for clientStallTimeout) are
+// dropped, not reported, and a body too large to keep is still read to
+// its end. Flushing, deadlines and full duplex reach the client's writer
+// through Unwrap.
+//
+// In observe mode (transparent) it neither bounds writes to the client
+// nor refuses anything: the answer is exactly what it would be without
+// the module.
 type recorder struct {
 	caddyhttp.ResponseWriterWrapper
 
-	limit     int64
-	outer     http.Header // the headers as outer handlers left them, before the next handler ran
-	status    int         // final status; 0 until written
-	header    http.Header // the stored headers, taken at the final WriteHeader
-	body      []byte
-	omitted   bool  // the body outgrew limit and is not kept
-	clientErr error // the first error writing to the client
-	hijacked  bool
+	limit       int64
+	transparent bool        // observe mode
+	outer       http.Header // the headers as outer handlers left them, before the next handler ran
+	status      int         // final status; 0 until written
+	invalid     int         // a final status outside 100-999 that was refused (enforce mode)
+	header      http.Header // the stored headers, taken at the final WriteHeader
+	announced   []string    // trailer names announced in the Trailer header
+	body        []byte
+	omitted     bool  // the body outgrew limit and is not kept
+	clientErr   error // the first error writing to the client
+	deadlined   bool  // a write deadline is set on the client's connection
+	hijacked    bool
 }
 
-func newRecorder(w http.ResponseWriter, limit int64) *recorder {
+func newRecorder(w http.ResponseWriter, limit int64, transparent bool) *recorder {
 	return &recorder{
 		ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		limit:                 limit,
+		transparent:           transparent,
 		outer:                 w.Header().Clone(),
 	}
 }
 
-// WriteHeader records the final status and the headers the inner handlers
-// set, as they are at that moment, before outer handlers (encode) rewrite
-// them for this client. Informational responses pass through unrecorded.
+// WriteHeader records the final status and the header changes the inner
+// handlers made, as they are at that moment, before outer handlers
+// (encode) rewrite them for this client. Informational responses pass
+// through unrecorded. A final status net/http cannot send (outside
+// 100-999, such as an upstream's 042) is refused: the response then
+// failed before any status (see Handler.execute).
 func (rec *recorder) WriteHeader(status int) {
-	if rec.status != 0 {
+	if rec.status != 0 || rec.invalid != 0 {
 		return
 	}
 	if status >= 100 && status <= 199 && status != http.StatusSwitchingProtocols {
 		rec.ResponseWriterWrapper.WriteHeader(status)
 		return
 	}
+	if (status < 100 || status > 999) && !rec.transparent {
+		rec.invalid = status
+		return
+	}
 	rec.status = status
-	rec.header = storedHeader(rec.Header(), rec.outer)
+	hdr := rec.Header()
+	rec.announced = announcedTrailers(hdr)
+	rec.header = headerChanges(hdr, rec.outer)
 	rec.ResponseWriterWrapper.WriteHeader(status)
 }
 
@@ -63,11 +89,15 @@ func (rec *recorder) WriteHeader(status int) {
 // never fails: stopping the handler half-way would leave a response that
 // happened but was never recorded.
 func (rec *recorder) Write(p []byte) (int, error) {
-	if rec.status == 0 {
+	if rec.status == 0 && rec.invalid == 0 {
 		rec.WriteHeader(http.StatusOK)
+	}
+	if rec.invalid != 0 {
+		return len(p), nil // nothing of an invalid response reaches anyone
 	}
 	rec.keep(p)
 	if rec.clientErr == nil {
+		rec.bound()
 		if _, err := rec.ResponseWriterWrapper.Write(p); err != nil {
 			rec.clientErr = err
 		}
@@ -75,11 +105,29 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// bound gives the next write to the client clientStallTimeout (enforce
+// mode only).
+func (rec *recorder) bound() {
+	if rec.transparent {
+		return
+	}
+	err := http.NewResponseController(rec.ResponseWriterWrapper.ResponseWriter).SetWriteDeadline(time.Now().Add(clientStallTimeout))
+	rec.deadlined = rec.deadlined || err == nil
+}
+
+// unbound clears the write deadline bound set, so that the connection's
+// next request starts without one.
+func (rec *recorder) unbound() {
+	if rec.deadlined {
+		_ = http.NewResponseController(rec.ResponseWriterWrapper.ResponseWriter).SetWriteDeadline(time.Time{})
+	}
+}
+
 // ReadFrom copies through Write, so that what io.Copy sends (reverse_proxy
 // and file_server use it) is kept too, and so that an error means the
 // reader failed, never the client.
 func (rec *recorder) ReadFrom(r io.Reader) (int64, error) {
-	if rec.status == 0 {
+	if rec.status == 0 && rec.invalid == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
 	bufp := copyBufPool.Get().(*[]byte)
@@ -103,12 +151,13 @@ func (rec *recorder) keep(p []byte) {
 // FlushError flushes to the client. Flushing writes the status line, so
 // the status is recorded first. A client that is gone is not an error.
 func (rec *recorder) FlushError() error {
-	if rec.status == 0 {
+	if rec.status == 0 && rec.invalid == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
-	if rec.clientErr != nil {
+	if rec.clientErr != nil || rec.invalid != 0 {
 		return nil
 	}
+	rec.bound()
 	err := http.NewResponseController(rec.ResponseWriterWrapper.ResponseWriter).Flush()
 	if err != nil && !errors.Is(err, http.ErrNotSupported) {
 		rec.clientErr = err
@@ -129,12 +178,13 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // response returns what to store: the final status (200 when the handler
-// wrote nothing, as net/http will send) and the kept headers and body.
+// wrote nothing, as net/http will send), the kept header changes with the
+// trailers, and the body.
 func (rec *recorder) response() (status int, header http.Header, body []byte, omitted bool) {
 	if rec.status == 0 {
-		return http.StatusOK, storedHeader(rec.Header(), rec.outer), nil, false
+		return http.StatusOK, headerChanges(rec.Header(), rec.outer), nil, false
 	}
-	return rec.status, rec.header, rec.body, rec.omitted
+	return rec.status, withTrailers(rec.header, rec.Header(), rec.announced), rec.body, rec.omitted
 }
 
 // writerOnly hides the recorder's ReadFrom from io.CopyBuffer, which would
@@ -146,40 +196,42 @@ var copyBufPool = sync.Pool{New: func() any {
 	return &b
 }}
 
-// hopHeaders are per-connection headers (RFC 9110 section 7.6.1) that a
-// replay must not repeat; Date is the replay's own.
-var hopHeaders = []string{
-	"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date",
-}
-
-// storedHeader returns the headers of h that the inner handlers set: those
-// not in outer, or with other values there; of a header they added values
-// to (reverse_proxy adds the upstream's), only the added values. Hop-by-hop
-// headers, Date, and the headers named in Connection are left out.
-func storedHeader(h, outer http.Header) http.Header {
-	var out http.Header
-	for name, values := range h {
-		prior := outer[name]
-		if slices.Equal(values, prior) || slices.Contains(hopHeaders, name) {
-			continue
-		}
-		if len(prior) > 0 && len(values) > len(prior) && slices.Equal(values[:len(prior)], prior) {
-			values = values[len(prior):]
-		}
-		if out == nil {
-			out = make(http.Header, len(h))
-		}
-		out[name] = slices.Clone(values)
-	}
-	for _, v := range h["Connection"] {
+// announcedTrailers returns the names the Trailer header announces.
+func announcedTrailers(h http.Header) []string {
+	var names []string
+	for _, v := range h["Trailer"] {
 		for name := range strings.SplitSeq(v, ",") {
 			if name = strings.TrimSpace(name); name != "" {
-				out.Del(name)
+				names = append(names, http.CanonicalHeaderKey(name))
 			}
 		}
 	}
-	return out
+	return names
+}
+
+// withTrailers adds to the stored header changes the trailers the handler
+// set once the body was written: the announced names, and any name with
+// http.TrailerPrefix. They are stored under http.TrailerPrefix, as net/http
+// itself takes them.
+func withTrailers(stored, final http.Header, announced []string) http.Header {
+	add := func(name string, values []string) {
+		if len(values) == 0 {
+			return
+		}
+		if stored == nil {
+			stored = make(http.Header)
+		}
+		stored[http.TrailerPrefix+http.CanonicalHeaderKey(name)] = append([]string(nil), values...)
+	}
+	for _, name := range announced {
+		add(name, final[name])
+	}
+	for name, values := range final {
+		if after, ok := strings.CutPrefix(name, http.TrailerPrefix); ok {
+			add(after, values)
+		}
+	}
+	return stored
 }
 
 // Interface guards

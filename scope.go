@@ -76,14 +76,26 @@ func (t *scopeTemplate) evaluate(repl *caddy.Replacer) (scope string, ok bool) {
 }
 
 // hash returns the hex SHA-256 of the request's scope (how scopes reach
-// the store), and false when the scope is blank. The scope is built on the
-// stack when it is short, as it usually is: the only allocation is the
-// result.
-func (t *scopeTemplate) hash(repl *caddy.Replacer) (string, bool) {
+// the store), and false when the scope is blank. An observing handler's
+// scopes are kept apart from an enforcing one's (observed): in a shared
+// store, its records must never look like an enforcing handler's, which
+// would then answer 409 or replay a response it never recorded. The scope
+// is built on the stack when it is short, as it usually is: the only
+// allocation is the result.
+func (t *scopeTemplate) hash(repl *caddy.Replacer, observed bool) (string, bool) {
 	var buf [256]byte
-	b, ok := t.appendScope(buf[:0], repl)
+	b := buf[:0]
+	if observed {
+		b = append(b, observedScopePrefix...)
+	}
+	b, ok := t.appendScope(b, repl)
 	return hashHexBytes(b), ok
 }
+
+// observedScopePrefix starts the scope of an observing handler's records.
+// A NUL cannot appear in a template (see newScopeTemplate), so no
+// enforcing scope starts with it.
+const observedScopePrefix = "\x00observe\x00"
 
 // appendScope appends the request's scope to b.
 func (t *scopeTemplate) appendScope(b []byte, repl *caddy.Replacer) ([]byte, bool) {

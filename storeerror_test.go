@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -20,27 +21,38 @@ import (
 type flakyStore struct {
 	storage.Store
 	down atomic.Bool
+	fail error // what it fails with; errUnreachable when nil
 }
 
-var errUnreachable = errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+func (f *flakyStore) err() error {
+	if f.fail != nil {
+		return f.fail
+	}
+	return errUnreachable
+}
+
+// errUnreachable is how a store that cannot be reached fails: classified
+// as unavailable (storage.Unavailable), the only failure fail_open passes
+// by.
+var errUnreachable = fmt.Errorf("%w: dial tcp 127.0.0.1:6379: connect: connection refused", storage.ErrUnavailable)
 
 func (f *flakyStore) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
 	if f.down.Load() {
-		return storage.Reservation{}, errUnreachable
+		return storage.Reservation{}, f.err()
 	}
 	return f.Store.Reserve(ctx, key, fp, lease)
 }
 
 func (f *flakyStore) Release(ctx context.Context, key storage.Key, token storage.Token) error {
 	if f.down.Load() {
-		return errUnreachable
+		return f.err()
 	}
 	return f.Store.Release(ctx, key, token)
 }
 
 func (f *flakyStore) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
 	if f.down.Load() {
-		return errUnreachable
+		return f.err()
 	}
 	return f.Store.Complete(ctx, key, token, resp, ttl)
 }
@@ -90,6 +102,24 @@ func TestStoreDownFailOpenPassesThrough(t *testing.T) {
 	}
 	if up.calls.Load() != 2 {
 		t.Fatalf("fail_open: upstream ran %d times, want 2", up.calls.Load())
+	}
+}
+
+func TestStoreErrorsThatProveTheStoreAnsweredFailClosedEvenWithFailOpen(t *testing.T) {
+	for _, err := range []error{
+		fmt.Errorf("postgres reserve: %w: state 7", storage.ErrCorrupt),
+		fmt.Errorf("%w: status 42 is not a final status", storage.ErrInvalid),
+		errors.New("ERROR: permission denied for table idempotency_keys (SQLSTATE 42501)"),
+	} {
+		h := isolated(t, &Handler{OnStorageError: "fail_open"})
+		store := withFlakyStore(h)
+		store.fail = err
+		store.down.Store(true)
+		up := &upstream{}
+		w := serve(h, up, request("k", "{}"))
+		if w.Code != http.StatusServiceUnavailable || up.calls.Load() != 0 {
+			t.Errorf("%v under fail_open: %d, upstream ran %d times; want 503 and never", err, w.Code, up.calls.Load())
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
@@ -26,6 +27,25 @@ func (h *Handler) waitFor(r *http.Request) (wait time.Duration, asked bool) {
 	return 0, false
 }
 
+// maxWaiters bounds the requests one handler keeps waiting at once for
+// an in-flight first request: past it, a request that would wait gets
+// 409 at once. Waiting costs the store work (a poll or a subscription per
+// waiter and key), and a burst of retries must not turn into a burst of
+// store load.
+const maxWaiters = 1000
+
+// enterWait takes a waiter's place, if one is free; leaveWait gives it
+// back.
+func (h *Handler) enterWait() bool {
+	if atomic.AddInt32(&h.waiting, 1) > maxWaiters {
+		atomic.AddInt32(&h.waiting, -1)
+		return false
+	}
+	return true
+}
+
+func (h *Handler) leaveWait() { atomic.AddInt32(&h.waiting, -1) }
+
 // preferredWait reads the wait preference of the Prefer header fields:
 // `wait=<delta-seconds>`, possibly quoted, with or without parameters.
 func preferredWait(h http.Header) (time.Duration, bool) {
@@ -37,9 +57,14 @@ func preferredWait(h http.Header) (time.Duration, bool) {
 				continue
 			}
 			value = strings.Trim(strings.TrimSpace(value), `"`)
+			if value == "" || strings.Trim(value, "0123456789") != "" {
+				return 0, false // a malformed preference is ignored
+			}
+			// Any number of digits: a wait longer than wait_timeout is
+			// wait_timeout (waitFor caps it).
 			secs, err := strconv.ParseUint(value, 10, 32)
 			if err != nil {
-				return 0, false // a malformed preference is ignored
+				secs = math.MaxInt32 // out of range: as long as allowed
 			}
 			return time.Duration(min(secs, math.MaxInt32)) * time.Second, true
 		}
