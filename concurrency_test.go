@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,6 +114,27 @@ func TestWaitModeTimesOutWithConflict(t *testing.T) {
 			t.Fatalf("returned after %v, before wait_timeout", waited)
 		}
 	})
+}
+
+func TestWaitersBeyondTheCapGet409AtOnce(t *testing.T) {
+	defer func(n int32) { maxWaiters = n }(maxWaiters)
+	maxWaiters = 1
+	h := isolated(t, &Handler{InFlight: "wait"})
+	up, release, done := holdInFlight(h, request("k", "{}"))
+	waiter := make(chan int)
+	go func() { waiter <- serve(h, up, request("k", "{}")).Code }()
+	testutil.Eventually(t, 5*time.Second, "the first waiter to wait", func() bool { return atomic.LoadInt32(&h.waiting) == 1 })
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusConflict || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("a waiter past the cap: %d %v, want 409 at once", w.Code, w.Header())
+	}
+	release()
+	<-done
+	if code := <-waiter; code != http.StatusCreated {
+		t.Fatalf("the waiter within the cap got %d, want the replayed 201", code)
+	}
+	if atomic.LoadInt32(&h.waiting) != 0 {
+		t.Fatalf("%d waiters left counted", h.waiting)
+	}
 }
 
 func TestWaitModeRunsWhenTheFirstIsReleased(t *testing.T) {

@@ -461,3 +461,18 @@ func TestOuterHandlerOwnsTheRequest(t *testing.T) {
 type handlerFunc func(http.ResponseWriter, *http.Request) error
 
 func (f handlerFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) error { return f(w, r) }
+
+func TestAnswersThatSayNothingWasDoneFreeTheKeyByDefault(t *testing.T) {
+	for _, status := range []int{401, 403, 407, 408, 429, 503} {
+		h := isolated(t, &Handler{})
+		up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+			w.WriteHeader(status)
+			return nil
+		}}
+		serve(h, up, request("k", "{}"))
+		serve(h, up, request("k", "{}"))
+		if n := up.calls.Load(); n != 2 || records(h) != 0 {
+			t.Errorf("status %d: the upstream ran %d times and %d records are kept; want 2 and none", status, n, records(h))
+		}
+	}
+}

@@ -190,6 +190,16 @@ func TestProvisionInvalidConfig(t *testing.T) {
 		{"ttl below the floor", `{"ttl":"999ms"}`, []string{"ttl", "at least 1s", "999ms"}},
 		{"lock_timeout in nanoseconds", `{"lock_timeout":30}`, []string{"lock_timeout", "at least 1s", "30ns"}},
 		{"negative wait_timeout", `{"in_flight":"wait","wait_timeout":"-2s"}`, []string{"wait_timeout", "at least", "-2s"}},
+		{"wait_timeout in nanoseconds", `{"wait_timeout":5}`, []string{"wait_timeout", "at least 10ms", "5ns"}},
+		{"wait_timeout above the ceiling", `{"wait_timeout":"2h"}`, []string{"wait_timeout", "at most 1h0m0s", "2h0m0s"}},
+		// Ceilings: time arithmetic on these would overflow (106751 days
+		// is the most a time.Duration holds).
+		{"ttl above the ceiling", `{"ttl":"3651d"}`, []string{"ttl", "at most 87600h0m0s", "87624h0m0s"}},
+		{"ttl of 106751 days", `{"ttl":"106751d"}`, []string{"ttl", "at most"}},
+		{"ttl at the int64 maximum", `{"ttl":9223372036854775807}`, []string{"ttl", "at most"}},
+		{"lock_timeout above the ceiling", `{"lock_timeout":"25h"}`, []string{"lock_timeout", "at most 24h0m0s", "25h0m0s"}},
+		{"lock_timeout of 60000 days", `{"lock_timeout":"60000d"}`, []string{"lock_timeout", "at most"}},
+		{"lock_timeout near the int64 maximum", `{"lock_timeout":9223372036854774807}`, []string{"lock_timeout", "at most"}},
 		{"negative max_key_length", `{"max_key_length":-1}`, []string{"max_key_length", "positive", "-1"}},
 		{"negative max_body_size", `{"max_body_size":-1}`, []string{"max_body_size", "positive", "-1"}},
 		{"negative max_response_size", `{"max_response_size":-1}`, []string{"max_response_size", "positive", "-1"}},

@@ -18,7 +18,7 @@ import (
 // written once the answer has ended, and retries meanwhile get 409: a
 // client that stops reading must not hold its key for as long as its
 // connection lives.
-const clientStallTimeout = 10 * time.Second
+var clientStallTimeout = 10 * time.Second // a variable for the tests
 
 // recorder streams a response to the client while keeping a copy of it
 // for the store: the status, the changes the inner handlers made to the

@@ -32,7 +32,7 @@ func (h *Handler) waitFor(r *http.Request) (wait time.Duration, asked bool) {
 // 409 at once. Waiting costs the store work (a poll or a subscription per
 // waiter and key), and a burst of retries must not turn into a burst of
 // store load.
-const maxWaiters = 1000
+var maxWaiters int32 = 1000 // a variable for the tests
 
 // enterWait takes a waiter's place, if one is free; leaveWait gives it
 // back.
