@@ -91,7 +91,7 @@ func newEnv(t *testing.T) *Env {
 	}
 	t.Cleanup(up.Close)
 	t.Cleanup(func() { _ = caddy.Stop() })
-	return &Env{Up: up, Port: freePort(t)}
+	return &Env{Up: up, Port: func() int { return freePort(t) }}
 }
 
 func TestModel(t *testing.T) {

@@ -35,11 +35,14 @@ func newRunToken() string {
 	return fmt.Sprintf("m%08x", uint32(runCounter.Add(1))^uint32(time.Now().UnixNano()>>10)<<12)
 }
 
-// Env is where trials run: the upstream, the port Caddy listens on, and
+// Env is where trials run: the upstream, the ports Caddy listens on, and
 // the stores' addresses.
 type Env struct {
-	Up        *Upstream
-	Port      int
+	Up *Upstream
+	// Port returns a free port: each trial's config listens on a port of
+	// its own, so that no request of a trial meets the server of the
+	// previous config while it shuts down.
+	Port      func() int
 	RedisURL  string
 	PostgresD string // DSN
 	PGTable   string
@@ -100,10 +103,11 @@ func (env *Env) Run(t *Trial) []Anomaly {
 		cfg.Store.DSN, cfg.Store.Table = env.PostgresD, env.PGTable
 	}
 	j := newJudge(cfg, env.Up)
-	if !env.load(j, cfg) {
+	port := env.Port()
+	if !env.load(j, cfg, port) {
 		return j.anomalies
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", env.Port)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	for i, st := range t.Steps {
 		outs := env.runStep(addr, cfg, st)
 		for _, o := range outs {
@@ -136,8 +140,8 @@ func (env *Env) Run(t *Trial) []Anomaly {
 
 // load loads cfg into Caddy. A config the contract calls invalid must be
 // refused with an error naming the option; a valid one must load.
-func (env *Env) load(j *judge, cfg *Config) (run bool) {
-	js := cfg.JSON(env.Port, env.Up.Addr)
+func (env *Env) load(j *judge, cfg *Config, port int) (run bool) {
+	js := cfg.JSON(port, env.Up.Addr)
 	var err error
 	func() {
 		defer func() {
