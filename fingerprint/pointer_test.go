@@ -58,7 +58,7 @@ func TestPointerLookup(t *testing.T) {
 	}
 }
 
-func mustPointers(t *testing.T, ss ...string) []Pointer {
+func mustPointers(t testing.TB, ss ...string) []Pointer {
 	t.Helper()
 	var ps []Pointer
 	for _, s := range ss {
