@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -222,4 +223,54 @@ func hasLoneSurrogate(src []byte) bool {
 		}
 	}
 	return false
+}
+
+// FuzzDiffers checks Differs on pairs of bodies against the independent
+// model of detail_property_test.go: each name really differs and is a part
+// or a member of the retry, never a value; the list is empty exactly when
+// the fingerprints are equal; a detail of the first version gives sound
+// names too. flags picks the configuration and which request declares
+// JSON.
+func FuzzDiffers(f *testing.F) {
+	for _, s := range []struct{ a, b string }{
+		{`{"amount":10}`, `{"amount":10}`},
+		{`{"amount":10,"secret":1}`, `{"amount":11}`},
+		{`{"a":1,"a":2}`, `{"a":2,"b":1}`},
+		{`{"a":{"b":1},"sent_at":1}`, `{"sent_at":2,"a":{"b":1.0}}`},
+		{`[1,2]`, `{"a":1}`},
+		{`{}`, `{"a":"\u00e9"}`},
+		{`amount=10`, `{"amount":10}`},
+		{`{"amount":`, `{"amount":1}`},
+	} {
+		for _, flags := range []byte{0, 3, 13, 22} {
+			f.Add([]byte(s.a), []byte(s.b), flags)
+		}
+	}
+	f.Fuzz(func(t *testing.T, first, retry []byte, flags byte) {
+		cfg := modelConfigs[int(flags>>2)%len(modelConfigs)]
+		fp := cfg.fingerprinter(t)
+		header := func(declared bool) http.Header {
+			if declared {
+				return http.Header{"Content-Type": {"application/json"}}
+			}
+			return http.Header{"Content-Type": {"text/plain"}}
+		}
+		a := request{method: "POST", path: "/a", header: header(flags&1 != 0), body: string(first)}
+		b := request{method: "POST", path: "/a", header: header(flags&2 != 0), body: string(retry)}
+		detail := fp.Detail(a.method, a.path, a.query, a.header, first)
+		got, ok := fp.Differs(detail, b.method, b.path, b.query, b.header, retry)
+		if !ok {
+			t.Fatal("Differs could not read the detail it made")
+		}
+		cfg.checkDiffers(t, "detail", a, b, got)
+		if same := bytes.Equal(a.sum(fp), b.sum(fp)); same != (len(got) == 0) {
+			t.Fatalf("equal fingerprints %v, yet differs %q", same, got)
+		}
+		var salt [saltSize]byte
+		old := detailV1(fp, salt, a.method, a.path, a.query, a.header, first)
+		if got, ok = fp.Differs(old, b.method, b.path, b.query, b.header, retry); !ok {
+			t.Fatal("Differs could not read a detail of the first version")
+		}
+		cfg.checkDiffers(t, "first version's detail", a, b, got)
+	})
 }
