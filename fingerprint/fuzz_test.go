@@ -335,7 +335,7 @@ func FuzzPointerLookup(f *testing.F) {
 		}
 		switch {
 		case twice:
-			if !errors.Is(err, ErrDuplicateMember) || !strings.HasPrefix(ptr, strings.TrimPrefix(err.Error(), ErrDuplicateMember.Error()+": ")) {
+			if !errors.Is(err, ErrDuplicateMember) || !strings.HasPrefix(ptr, strings.TrimPrefix(err.Error(), ErrDuplicateMember.Error()+" at ")) {
 				t.Fatalf("Lookup(%s) in %s = %q, %v, %v; want ErrDuplicateMember naming a prefix of the pointer", ptr, doc, value, found, err)
 			}
 		case err != nil || found != wantFound:

@@ -13,7 +13,7 @@ import (
 // pointer's path gives the member the pointer goes through more than once,
 // as in {"id":"a","id":"b"}: parsers disagree on which one counts (the
 // first, the last, or neither), so the value is ambiguous.
-var ErrDuplicateMember = errors.New("the JSON body gives a member more than once")
+var ErrDuplicateMember = errors.New("the JSON body names a member twice")
 
 // Pointer is an RFC 6901 JSON Pointer: "/data/object/id", "/items/0",
 // "/a~1b" for the member "a/b", "/m~0n" for "m~n".
@@ -55,7 +55,8 @@ func (p Pointer) String() string { return p.raw }
 // zeros. doc must be valid JSON (the error says when it is not). An object
 // on the path that gives the member the pointer goes through more than
 // once (names compared after unescaping) makes the value ambiguous: the
-// error then wraps ErrDuplicateMember and says where.
+// error then wraps ErrDuplicateMember and ends with the pointer to that
+// member ("... at /data").
 func (p Pointer) Lookup(doc []byte) (value json.RawMessage, found bool, err error) {
 	if !json.Valid(doc) {
 		return nil, false, errors.New("the body is not valid JSON")
@@ -66,7 +67,7 @@ func (p Pointer) Lookup(doc []byte) (value json.RawMessage, found bool, err erro
 		case '{':
 			v, ok, twice := objectMember(cur, t)
 			if twice {
-				return nil, false, fmt.Errorf("%w: %s", ErrDuplicateMember, p.prefix(depth+1))
+				return nil, false, fmt.Errorf("%w at %s", ErrDuplicateMember, p.prefix(depth+1))
 			}
 			if !ok {
 				return nil, false, nil

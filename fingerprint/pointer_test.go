@@ -143,6 +143,9 @@ func TestLookupRefusesAKeyNamedTwice(t *testing.T) {
 		if !errors.Is(err, ErrDuplicateMember) {
 			t.Errorf("Lookup(%s) in %s = %q, %v, %v; want ErrDuplicateMember", tc.ptr, tc.doc, v, found, err)
 		}
+		if tc.ptr == "/data/id" && tc.doc == `{"data":{},"data":{"id":"a"}}` && err.Error() != "the JSON body names a member twice at /data" {
+			t.Errorf("error %q does not say where", err)
+		}
 	}
 	for _, tc := range []struct{ ptr, doc, want string }{
 		{"/id", `{"id":"a","x":1,"x":2}`, `"a"`},                         // twice, but not on the path
