@@ -44,8 +44,10 @@ func adminCall(t *testing.T, method, path string) (int, map[string]any) {
 	return w.Code, body
 }
 
-func keysPath(key, scope, extra string) string {
-	return "/idempotency/keys?key=" + url.QueryEscape(key) + "&scope=" + url.QueryEscape(scope) + extra
+// keysPath is the admin API's path for key under the scope of the
+// default template given as its values (host, Authorization).
+func keysPath(key string, scope []string, extra string) string {
+	return "/idempotency/keys?" + url.Values{"key": {key}, "scope": scope}.Encode() + extra
 }
 
 // storeID finds the pool id of h's store.
@@ -75,7 +77,7 @@ func TestAdminShowsAndDeletesRecords(t *testing.T) {
 		r := request("admin-key", `{"a":1}`)
 		r.Header.Set("Authorization", "Bearer alice")
 		serve(h, up, r)
-		scope := "example.com Bearer alice"
+		scope := []string{"example.com", "Bearer alice"}
 		sel := "&store=" + url.QueryEscape(storeID(t, h))
 
 		code, body := adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel))
@@ -104,7 +106,7 @@ func TestAdminShowsAndDeletesRecords(t *testing.T) {
 		}
 
 		// The hashed form of the scope names the same record.
-		code, _ = adminCall(t, http.MethodGet, "/idempotency/keys?key=admin-key&scope_hash="+hashHex(scope)+sel)
+		code, _ = adminCall(t, http.MethodGet, "/idempotency/keys?key=admin-key&scope_hash="+hashHex("example.com Bearer alice")+sel)
 		if code != http.StatusOK {
 			t.Fatalf("GET by scope_hash: %d", code)
 		}
@@ -133,11 +135,11 @@ func TestAdminClearsAKeyStuckInFlight(t *testing.T) {
 	h := isolated(t, &Handler{})
 	up, release, done := holdInFlight(h, request("stuck", "{}"))
 	sel := "&store=" + url.QueryEscape(storeID(t, h))
-	code, body := adminCall(t, http.MethodGet, keysPath("stuck", "example.com ", sel))
+	code, body := adminCall(t, http.MethodGet, keysPath("stuck", []string{"example.com", ""}, sel))
 	if code != http.StatusOK || body["records"].([]any)[0].(map[string]any)["state"] != "in_flight" {
 		t.Fatalf("GET in flight: %d %v", code, body)
 	}
-	if code, _ := adminCall(t, http.MethodDelete, keysPath("stuck", "example.com ", sel)); code != http.StatusOK {
+	if code, _ := adminCall(t, http.MethodDelete, keysPath("stuck", []string{"example.com", ""}, sel)); code != http.StatusOK {
 		t.Fatalf("DELETE: %d", code)
 	}
 	up.serve = nil
@@ -163,8 +165,14 @@ func TestAdminErrorsAreCaddyAPIErrors(t *testing.T) {
 		{http.MethodGet, "/idempotency/keys?key=k", http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key=k&scope=x&scope_hash=" + hashHex("x"), http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key=k&scope_hash=zz", http.StatusBadRequest},
-		{http.MethodGet, "/idempotency/keys?key=k&scope=x&store=nosuch", http.StatusNotFound},
-		{http.MethodGet, "/idempotency/keys?key=never-used&scope=x", http.StatusNotFound},
+		{http.MethodGet, "/idempotency/keys?key=k&scope=x&scope=y&store=nosuch", http.StatusNotFound},
+		{http.MethodGet, "/idempotency/keys?key=never-used&scope=x&scope=y", http.StatusNotFound},
+		{http.MethodGet, "/idempotency/keys?key=k&scope=x&scope=y&scope=z", http.StatusBadRequest}, // 2 placeholders
+		{http.MethodGet, "/idempotency/keys?key=k&scope=nospace", http.StatusBadRequest},           // not host and Authorization
+		{http.MethodGet, "/idempotency/keys?key=k&scope=&scope=", http.StatusBadRequest},           // blank: never stored
+		{http.MethodGet, "/idempotency/keys?key=k&scope_template=%7Bx%7D&scope_hash=" + hashHex("x"), http.StatusBadRequest},
+		{http.MethodGet, "/idempotency/keys?key=k&scope_template=%7Bx%7D%2F%7Bx%7D&scope=a&scope=b", http.StatusBadRequest}, // {x} twice, two values
+		{http.MethodGet, "/idempotency/keys?key_hash=0123456789abcdef&scope_template=global", http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key_hash=0123", http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key_hash=0123456789abcdef&key=k", http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key_hash=0123456789abcdef", http.StatusNotFound},
@@ -197,4 +205,67 @@ func TestAdminListsLiveStores(t *testing.T) {
 		}
 	}
 	t.Fatalf("store %s not listed: %+v", id, list)
+}
+
+// TestAdminScopeIsTheHandlersScope: the values of a client's scope, with
+// spaces and backslashes, under the default template and templates whose
+// values are escaped or length-prefixed, find the record the handler
+// stored for that client, and the same text split into other values (a
+// client the handler keeps apart) finds nothing.
+func TestAdminScopeIsTheHandlersScope(t *testing.T) {
+	const tenantUser = "{http.request.header.X-Tenant} {http.request.header.X-User}"
+	cases := []struct {
+		name     string
+		template string // "": the default, and no scope_template
+		header   map[string]string
+		values   []string
+		others   [][]string
+	}{
+		{"default", "", map[string]string{"Authorization": `Basic a\b  c`}, []string{"example.com", `Basic a\b  c`},
+			[][]string{{"example.com Basic", `a\b  c`}}},
+		{"default, the evaluated scope", "", map[string]string{"Authorization": `Basic a\b  c`}, []string{`example.com Basic a\b  c`}, nil},
+		{"default, no Authorization", "", nil, []string{"example.com", ""}, nil},
+		{"escaped", tenantUser, map[string]string{"X-Tenant": `acme corp\`, "X-User": `bo\b x`},
+			[]string{`acme corp\`, `bo\b x`}, [][]string{{"acme", `corp\ bo\b x`}, {`acme corp\ bo\b`, "x"}}},
+		{"length-prefixed: placeholders touch", "{http.request.header.X-Tenant}{http.request.header.X-User}",
+			map[string]string{"X-Tenant": "a b", "X-User": `c\d`}, []string{"a b", `c\d`}, [][]string{{"a", `bc\d`}, {"", `a bc\d`}}},
+		{"length-prefixed: a backslash follows", `t:{http.request.header.X-Tenant}\x{http.request.header.X-User}`,
+			map[string]string{"X-Tenant": `a\x`, "X-User": "b"}, []string{`a\x`, "b"}, [][]string{{"a", `x\xb`}}},
+		{"a placeholder twice", "{http.request.header.X-Tenant}/{http.request.header.X-Tenant}",
+			map[string]string{"X-Tenant": "a/b"}, []string{"a/b", "a/b"}, nil},
+		{"no placeholder", "global", nil, nil, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := isolated(t, &Handler{Scope: tc.template})
+			r := request("scoped", "{}")
+			for k, v := range tc.header {
+				r.Header.Set(k, v)
+			}
+			w, repl := servePlaceholders(h, &upstream{}, r)
+			if w.Code != http.StatusCreated {
+				t.Fatalf("first request: %d %s", w.Code, w.Body.String())
+			}
+			keyHash, _ := repl.GetString(placeholderKeyHash)
+			find := func(values []string) (int, map[string]any) {
+				q := url.Values{"key": {"scoped"}, "scope": values, "store": {storeID(t, h)}}
+				if tc.template != "" {
+					q.Set("scope_template", tc.template)
+				}
+				return adminCall(t, http.MethodGet, "/idempotency/keys?"+q.Encode())
+			}
+			code, body := find(tc.values)
+			if code != http.StatusOK {
+				t.Fatalf("scope %q: %d %v, want the handler's record", tc.values, code, body)
+			}
+			if got := body["records"].([]any)[0].(map[string]any)["key_hash"]; got != keyHash {
+				t.Fatalf("scope %q found key_hash %v, the handler stored %s", tc.values, got, keyHash)
+			}
+			for _, other := range tc.others {
+				if code, body := find(other); code != http.StatusNotFound {
+					t.Errorf("scope %q, another client: %d %v, want 404", other, code, body)
+				}
+			}
+		})
+	}
 }
