@@ -7,10 +7,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
 // adminCall runs one admin API request against the module's handlers.
@@ -267,5 +271,51 @@ func TestAdminScopeIsTheHandlersScope(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAdminDocumentedScopeRecipesGiveTheHandlersHash runs the shell
+// recipes of docs/operations.md that compute a scope_hash, and checks that
+// each names the record the handler keeps for that client: its key_hash
+// is the one the handler computed.
+func TestAdminDocumentedScopeRecipesGiveTheHandlersHash(t *testing.T) {
+	doc, err := os.ReadFile("docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recipes []string
+	for _, block := range strings.Split(string(doc), "```sh\n")[1:] {
+		if body, _, _ := strings.Cut(block, "```"); strings.Contains(body, "scope_hash=$(") {
+			recipes = append(recipes, body)
+		}
+	}
+	// The clients of the recipes, in the page's order.
+	clients := []struct {
+		template string
+		header   map[string]string
+	}{
+		{"", nil}, // the README's quick start: localhost, no Authorization
+		{"{http.request.header.X-Tenant} {http.request.header.X-User}", map[string]string{"X-Tenant": "acme corp", "X-User": "bob"}},
+		{"{http.request.header.X-Tenant}{http.request.header.X-User}", map[string]string{"X-Tenant": "acme corp", "X-User": "bob"}},
+	}
+	if len(recipes) != len(clients) {
+		t.Fatalf("docs/operations.md has %d scope_hash recipes, this test knows %d", len(recipes), len(clients))
+	}
+	for i, c := range clients {
+		out, err := exec.Command("sh", "-c", recipes[i]+`printf '%s' "$scope_hash"`).CombinedOutput()
+		if err != nil {
+			t.Fatalf("recipe %d: %v: %s", i+1, err, out)
+		}
+		h := isolated(t, &Handler{Scope: c.template})
+		r := httptest.NewRequest(http.MethodPost, "http://localhost/orders", strings.NewReader("{}"))
+		r.Header.Set("Idempotency-Key", "k")
+		for k, v := range c.header {
+			r.Header.Set(k, v)
+		}
+		_, repl := servePlaceholders(h, &upstream{}, r)
+		want, _ := repl.GetString(placeholderKeyHash)
+		if got := (storage.Key{Scope: string(out), ID: "k"}).Hash(); got != want {
+			t.Errorf("recipe %d gives scope_hash %s, whose key_hash %s is not the handler's %s:\n%s", i+1, out, got, want, recipes[i])
+		}
 	}
 }
