@@ -35,7 +35,9 @@ import (
 //     twice is listed twice).
 //
 // Version 1 had no "content json", "json options" and "object"; Differs
-// reads both versions.
+// reads both versions. The version changed so that an instance still
+// running version 1 during a rolling upgrade refuses a version 2 detail
+// (its 422 then has no differs) instead of naming the new parts.
 const (
 	detailVersion   = 2
 	detailVersionV1 = 1
@@ -49,9 +51,9 @@ const (
 	maxMemberName  = 128
 )
 
-// Names of the parts that say how the body was compared. Differs never
-// names them; they cannot be mistaken for a header ("header ...") or a
-// member ("/...").
+// Names of the body's parts. Differs names only "body", never the others,
+// which say how the body was compared; none can be mistaken for a header
+// ("header ...") or a member ("/...").
 const (
 	partBody        = "body"
 	partContentJSON = "content json"
