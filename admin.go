@@ -92,9 +92,12 @@ type keysAnswer struct {
 //
 //	/idempotency/keys?key_hash=<16 hex digits>[&store=<id>][&body=true]
 //	/idempotency/keys?key=<key>&scope_hash=<hex sha-256 of the scope>
-//	/idempotency/keys?key=<key>&scope=<evaluated scope template>
+//	/idempotency/keys?key=<key>&scope=<value>...[&scope_template=<template>]
 //
-// Without store, every live store is searched.
+// scope gives the value of each placeholder of the scope template (the
+// handler's scope option, by default defaultScope), in order; they are
+// encoded and hashed exactly as the handler does (scopeTemplate). Without
+// store, every live store is searched.
 func (adminAPI) handleKeys(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodDelete {
 		return apiError(http.StatusMethodNotAllowed, "use GET or DELETE")
@@ -147,8 +150,9 @@ func finderOf(q map[string][]string) (finder, error) {
 		return ""
 	}
 	_, hasScope := q["scope"]
+	_, hasTemplate := q["scope_template"]
 	if kh := strings.ToLower(get("key_hash")); kh != "" {
-		if get("key") != "" || hasScope || get("scope_hash") != "" {
+		if get("key") != "" || hasScope || hasTemplate || get("scope_hash") != "" {
 			return nil, errors.New("give key_hash alone, or key with scope or scope_hash")
 		}
 		if b, err := hex.DecodeString(kh); err != nil || len(b) != storage.HashLen/2 {
@@ -158,7 +162,7 @@ func finderOf(q map[string][]string) (finder, error) {
 			return t.byHash(r, kh, withBody, del)
 		}, nil
 	}
-	key, err := adminKey(get("key"), get("scope"), get("scope_hash"), hasScope)
+	key, err := adminKey(get("key"), q["scope"], get("scope_template"), get("scope_hash"), hasScope || hasTemplate)
 	if err != nil {
 		return nil, err
 	}
@@ -177,16 +181,21 @@ func finderOf(q map[string][]string) (finder, error) {
 	}, nil
 }
 
-// adminKey builds the store key from the query.
-func adminKey(id, scope, scopeHash string, hasScope bool) (storage.Key, error) {
+// adminKey builds the store key from the query: the key, and the scope
+// as the values of the template's placeholders or as its hash.
+func adminKey(id string, scope []string, template, scopeHash string, hasScope bool) (storage.Key, error) {
 	if id == "" {
 		return storage.Key{}, errors.New("give key_hash (as logged), or key with scope or scope_hash")
 	}
 	switch {
 	case hasScope && scopeHash != "":
-		return storage.Key{}, errors.New("give scope or scope_hash, not both")
+		return storage.Key{}, errors.New("give scope (and scope_template) or scope_hash, not both")
 	case hasScope:
-		return storage.Key{Scope: hashHex(scope), ID: id}, nil
+		hash, err := adminScopeHash(template, scope)
+		if err != nil {
+			return storage.Key{}, err
+		}
+		return storage.Key{Scope: hash, ID: id}, nil
 	case scopeHash != "":
 		if b, err := hex.DecodeString(scopeHash); err != nil || len(b) != 32 {
 			return storage.Key{}, errors.New("scope_hash must be 64 hex digits")
@@ -194,6 +203,49 @@ func adminKey(id, scope, scopeHash string, hasScope bool) (storage.Key, error) {
 		return storage.Key{Scope: strings.ToLower(scopeHash), ID: id}, nil
 	}
 	return storage.Key{}, errors.New("the scope or scope_hash query parameter is required with key")
+}
+
+// adminScopeHash returns the scope hash the handler computes for a client
+// whose values of the placeholders of template (defaultScope when empty)
+// are values, in order: the template is evaluated by the handler's own
+// code, so that values are escaped or length-prefixed as there. With the
+// default template a single value may also be the evaluated scope, host
+// and Authorization: a host holds no space, so the first space parts them.
+func adminScopeHash(template string, values []string) (string, error) {
+	if template == "" {
+		template = defaultScope
+	}
+	t, err := newScopeTemplate(template)
+	if err != nil {
+		return "", fmt.Errorf("scope_template: %v", err)
+	}
+	if template == defaultScope && len(values) == 1 {
+		host, auth, ok := strings.Cut(values[0], " ")
+		if !ok {
+			return "", errors.New("give scope twice, the host (without port) and the Authorization value, or once as the two separated by a space")
+		}
+		values = []string{host, auth}
+	}
+	if len(values) != len(t.keys) {
+		names := make([]string, len(t.keys))
+		for i, k := range t.keys {
+			names[i] = "{" + k + "}"
+		}
+		return "", fmt.Errorf("the scope template %q has %d placeholders (%s): give scope once for each, in that order; %d given",
+			template, len(t.keys), strings.Join(names, " "), len(values))
+	}
+	repl := caddy.NewEmptyReplacer()
+	for i, k := range t.keys {
+		if prev, ok := repl.GetString(k); ok && prev != values[i] {
+			return "", fmt.Errorf("the placeholder {%s} is used twice in the scope template: give it the same value both times", k)
+		}
+		repl.Set(k, values[i])
+	}
+	hash, ok := t.hash(repl)
+	if !ok {
+		return "", errors.New("this scope is blank: the handler refuses such requests (400), so no record has it")
+	}
+	return hash, nil
 }
 
 // liveStore is a store of the pool, timed like the handlers' stores so

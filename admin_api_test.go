@@ -9,9 +9,10 @@ import (
 	"testing"
 )
 
-// keysPath is the admin API's path for key under scope.
-func keysPath(key, scope string) string {
-	return "/idempotency/keys?" + url.Values{"key": {key}, "scope": {scope}}.Encode()
+// keysPath is the admin API's path for key under the scope given as the
+// values of its template's placeholders.
+func keysPath(key string, scope ...string) string {
+	return "/idempotency/keys?" + url.Values{"key": {key}, "scope": scope}.Encode()
 }
 
 // TestAdminAPIOnCaddysAdminEndpoint shows and deletes a record through
@@ -23,9 +24,9 @@ func TestAdminAPIOnCaddysAdminEndpoint(t *testing.T) {
 	idempotency
 	reverse_proxy `+up.Listener.Addr().String())
 	post(t, base+"/orders", "via-admin", `{}`)
-	scope := "127.0.0.1 " // host, then an empty Authorization
+	scope := []string{"127.0.0.1", ""} // host, then an empty Authorization
 	adminURL := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
-	resp, err := http.Get(adminURL + keysPath("via-admin", scope))
+	resp, err := http.Get(adminURL + keysPath("via-admin", scope...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +35,7 @@ func TestAdminAPIOnCaddysAdminEndpoint(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"state":"completed"`) {
 		t.Fatalf("admin GET: %d %s", resp.StatusCode, b)
 	}
-	req, _ := http.NewRequest(http.MethodDelete, adminURL+keysPath("via-admin", scope), nil)
+	req, _ := http.NewRequest(http.MethodDelete, adminURL+keysPath("via-admin", scope...), nil)
 	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

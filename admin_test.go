@@ -7,10 +7,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
 // adminCall runs one admin API request against the module's handlers.
@@ -44,8 +48,10 @@ func adminCall(t *testing.T, method, path string) (int, map[string]any) {
 	return w.Code, body
 }
 
-func keysPath(key, scope, extra string) string {
-	return "/idempotency/keys?key=" + url.QueryEscape(key) + "&scope=" + url.QueryEscape(scope) + extra
+// keysPath is the admin API's path for key under the scope of the
+// default template given as its values (host, Authorization).
+func keysPath(key string, scope []string, extra string) string {
+	return "/idempotency/keys?" + url.Values{"key": {key}, "scope": scope}.Encode() + extra
 }
 
 // storeID finds the pool id of h's store.
@@ -75,7 +81,7 @@ func TestAdminShowsAndDeletesRecords(t *testing.T) {
 		r := request("admin-key", `{"a":1}`)
 		r.Header.Set("Authorization", "Bearer alice")
 		serve(h, up, r)
-		scope := "example.com Bearer alice"
+		scope := []string{"example.com", "Bearer alice"}
 		sel := "&store=" + url.QueryEscape(storeID(t, h))
 
 		code, body := adminCall(t, http.MethodGet, keysPath("admin-key", scope, sel))
@@ -104,7 +110,7 @@ func TestAdminShowsAndDeletesRecords(t *testing.T) {
 		}
 
 		// The hashed form of the scope names the same record.
-		code, _ = adminCall(t, http.MethodGet, "/idempotency/keys?key=admin-key&scope_hash="+hashHex(scope)+sel)
+		code, _ = adminCall(t, http.MethodGet, "/idempotency/keys?key=admin-key&scope_hash="+hashHex("example.com Bearer alice")+sel)
 		if code != http.StatusOK {
 			t.Fatalf("GET by scope_hash: %d", code)
 		}
@@ -133,11 +139,11 @@ func TestAdminClearsAKeyStuckInFlight(t *testing.T) {
 	h := isolated(t, &Handler{})
 	up, release, done := holdInFlight(h, request("stuck", "{}"))
 	sel := "&store=" + url.QueryEscape(storeID(t, h))
-	code, body := adminCall(t, http.MethodGet, keysPath("stuck", "example.com ", sel))
+	code, body := adminCall(t, http.MethodGet, keysPath("stuck", []string{"example.com", ""}, sel))
 	if code != http.StatusOK || body["records"].([]any)[0].(map[string]any)["state"] != "in_flight" {
 		t.Fatalf("GET in flight: %d %v", code, body)
 	}
-	if code, _ := adminCall(t, http.MethodDelete, keysPath("stuck", "example.com ", sel)); code != http.StatusOK {
+	if code, _ := adminCall(t, http.MethodDelete, keysPath("stuck", []string{"example.com", ""}, sel)); code != http.StatusOK {
 		t.Fatalf("DELETE: %d", code)
 	}
 	up.serve = nil
@@ -163,8 +169,14 @@ func TestAdminErrorsAreCaddyAPIErrors(t *testing.T) {
 		{http.MethodGet, "/idempotency/keys?key=k", http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key=k&scope=x&scope_hash=" + hashHex("x"), http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key=k&scope_hash=zz", http.StatusBadRequest},
-		{http.MethodGet, "/idempotency/keys?key=k&scope=x&store=nosuch", http.StatusNotFound},
-		{http.MethodGet, "/idempotency/keys?key=never-used&scope=x", http.StatusNotFound},
+		{http.MethodGet, "/idempotency/keys?key=k&scope=x&scope=y&store=nosuch", http.StatusNotFound},
+		{http.MethodGet, "/idempotency/keys?key=never-used&scope=x&scope=y", http.StatusNotFound},
+		{http.MethodGet, "/idempotency/keys?key=k&scope=x&scope=y&scope=z", http.StatusBadRequest}, // 2 placeholders
+		{http.MethodGet, "/idempotency/keys?key=k&scope=nospace", http.StatusBadRequest},           // not host and Authorization
+		{http.MethodGet, "/idempotency/keys?key=k&scope=&scope=", http.StatusBadRequest},           // blank: never stored
+		{http.MethodGet, "/idempotency/keys?key=k&scope_template=%7Bx%7D&scope_hash=" + hashHex("x"), http.StatusBadRequest},
+		{http.MethodGet, "/idempotency/keys?key=k&scope_template=%7Bx%7D%2F%7Bx%7D&scope=a&scope=b", http.StatusBadRequest}, // {x} twice, two values
+		{http.MethodGet, "/idempotency/keys?key_hash=0123456789abcdef&scope_template=global", http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key_hash=0123", http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key_hash=0123456789abcdef&key=k", http.StatusBadRequest},
 		{http.MethodGet, "/idempotency/keys?key_hash=0123456789abcdef", http.StatusNotFound},
@@ -197,4 +209,113 @@ func TestAdminListsLiveStores(t *testing.T) {
 		}
 	}
 	t.Fatalf("store %s not listed: %+v", id, list)
+}
+
+// TestAdminScopeIsTheHandlersScope: the values of a client's scope, with
+// spaces and backslashes, under the default template and templates whose
+// values are escaped or length-prefixed, find the record the handler
+// stored for that client, and the same text split into other values (a
+// client the handler keeps apart) finds nothing.
+func TestAdminScopeIsTheHandlersScope(t *testing.T) {
+	const tenantUser = "{http.request.header.X-Tenant} {http.request.header.X-User}"
+	cases := []struct {
+		name     string
+		template string // "": the default, and no scope_template
+		header   map[string]string
+		values   []string
+		others   [][]string
+	}{
+		{"default", "", map[string]string{"Authorization": `Basic a\b  c`}, []string{"example.com", `Basic a\b  c`},
+			[][]string{{"example.com Basic", `a\b  c`}}},
+		{"default, the evaluated scope", "", map[string]string{"Authorization": `Basic a\b  c`}, []string{`example.com Basic a\b  c`}, nil},
+		{"default, no Authorization", "", nil, []string{"example.com", ""}, nil},
+		{"escaped", tenantUser, map[string]string{"X-Tenant": `acme corp\`, "X-User": `bo\b x`},
+			[]string{`acme corp\`, `bo\b x`}, [][]string{{"acme", `corp\ bo\b x`}, {`acme corp\ bo\b`, "x"}}},
+		{"length-prefixed: placeholders touch", "{http.request.header.X-Tenant}{http.request.header.X-User}",
+			map[string]string{"X-Tenant": "a b", "X-User": `c\d`}, []string{"a b", `c\d`}, [][]string{{"a", `bc\d`}, {"", `a bc\d`}}},
+		{"length-prefixed: a backslash follows", `t:{http.request.header.X-Tenant}\x{http.request.header.X-User}`,
+			map[string]string{"X-Tenant": `a\x`, "X-User": "b"}, []string{`a\x`, "b"}, [][]string{{"a", `x\xb`}}},
+		{"a placeholder twice", "{http.request.header.X-Tenant}/{http.request.header.X-Tenant}",
+			map[string]string{"X-Tenant": "a/b"}, []string{"a/b", "a/b"}, nil},
+		{"no placeholder", "global", nil, nil, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := isolated(t, &Handler{Scope: tc.template})
+			r := request("scoped", "{}")
+			for k, v := range tc.header {
+				r.Header.Set(k, v)
+			}
+			w, repl := servePlaceholders(h, &upstream{}, r)
+			if w.Code != http.StatusCreated {
+				t.Fatalf("first request: %d %s", w.Code, w.Body.String())
+			}
+			keyHash, _ := repl.GetString(placeholderKeyHash)
+			find := func(values []string) (int, map[string]any) {
+				q := url.Values{"key": {"scoped"}, "scope": values, "store": {storeID(t, h)}}
+				if tc.template != "" {
+					q.Set("scope_template", tc.template)
+				}
+				return adminCall(t, http.MethodGet, "/idempotency/keys?"+q.Encode())
+			}
+			code, body := find(tc.values)
+			if code != http.StatusOK {
+				t.Fatalf("scope %q: %d %v, want the handler's record", tc.values, code, body)
+			}
+			if got := body["records"].([]any)[0].(map[string]any)["key_hash"]; got != keyHash {
+				t.Fatalf("scope %q found key_hash %v, the handler stored %s", tc.values, got, keyHash)
+			}
+			for _, other := range tc.others {
+				if code, body := find(other); code != http.StatusNotFound {
+					t.Errorf("scope %q, another client: %d %v, want 404", other, code, body)
+				}
+			}
+		})
+	}
+}
+
+// TestAdminDocumentedScopeRecipesGiveTheHandlersHash runs the shell
+// recipes of docs/operations.md that compute a scope_hash, and checks that
+// each names the record the handler keeps for that client: its key_hash
+// is the one the handler computed.
+func TestAdminDocumentedScopeRecipesGiveTheHandlersHash(t *testing.T) {
+	doc, err := os.ReadFile("docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recipes []string
+	for _, block := range strings.Split(string(doc), "```sh\n")[1:] {
+		if body, _, _ := strings.Cut(block, "```"); strings.Contains(body, "scope_hash=$(") {
+			recipes = append(recipes, body)
+		}
+	}
+	// The clients of the recipes, in the page's order.
+	clients := []struct {
+		template string
+		header   map[string]string
+	}{
+		{"", nil}, // the README's quick start: localhost, no Authorization
+		{"{http.request.header.X-Tenant} {http.request.header.X-User}", map[string]string{"X-Tenant": "acme corp", "X-User": "bob"}},
+		{"{http.request.header.X-Tenant}{http.request.header.X-User}", map[string]string{"X-Tenant": "acme corp", "X-User": "bob"}},
+	}
+	if len(recipes) != len(clients) {
+		t.Fatalf("docs/operations.md has %d scope_hash recipes, this test knows %d", len(recipes), len(clients))
+	}
+	for i, c := range clients {
+		out, err := exec.Command("sh", "-c", recipes[i]+`printf '%s' "$scope_hash"`).CombinedOutput()
+		if err != nil {
+			t.Fatalf("recipe %d: %v: %s", i+1, err, out)
+		}
+		h := isolated(t, &Handler{Scope: c.template})
+		r := httptest.NewRequest(http.MethodPost, "http://localhost/orders", strings.NewReader("{}"))
+		r.Header.Set("Idempotency-Key", "k")
+		for k, v := range c.header {
+			r.Header.Set(k, v)
+		}
+		_, repl := servePlaceholders(h, &upstream{}, r)
+		want, _ := repl.GetString(placeholderKeyHash)
+		if got := (storage.Key{Scope: string(out), ID: "k"}).Hash(); got != want {
+			t.Errorf("recipe %d gives scope_hash %s, whose key_hash %s is not the handler's %s:\n%s", i+1, out, got, want, recipes[i])
+		}
+	}
 }

@@ -13,23 +13,52 @@ import (
 // A detail is what a record keeps about the request that made it so that a
 // later request reusing the key can be told which parts differ, without
 // any part's value being kept: a random salt, then each part's name and
-// the first bytes of SHA-256(salt, name, part). Parts are "method",
-// "path", "query", "header <Name>" for each fingerprinted header, "body",
-// and for a JSON object body each top-level member, named by its JSON
-// Pointer ("/amount"). The salt is fresh for each record, so equal parts of
-// two records do not show as equal digests.
+// the first bytes of SHA-256(salt, name, part). The salt is fresh for each
+// record, so equal parts of two records do not show as equal digests.
 //
 //	version(1) salt(16) uvarint(count) { uvarint(len) name digest(8) }
+//
+// The parts, in this order:
+//
+//   - "method", "path", "query", and "header <Name>" for each
+//     fingerprinted header (its values as Sum frames them);
+//   - "body": the body as Sum hashes it, its tag and its canonical
+//     encoding or raw bytes;
+//   - with canonical JSON on, "content json": whether Content-Type
+//     declares JSON;
+//   - for a body compared as canonical JSON, "json options": the ignored
+//     pointers, under which its canonical encoding was made;
+//   - for a JSON object body of at most maxMemberParts members, each named
+//     in at most maxMemberName bytes: "object" (the list that follows is
+//     complete), then each top-level member, named by its JSON Pointer
+//     ("/amount"), in the order of the canonical encoding (a name given
+//     twice is listed twice).
+//
+// Version 1 had no "content json", "json options" and "object"; Differs
+// reads both versions. The version changed so that an instance still
+// running version 1 during a rolling upgrade refuses a version 2 detail
+// (its 422 then has no differs) instead of naming the new parts.
 const (
-	detailVersion  = 1
-	saltSize       = 16
-	partDigestSize = 8
+	detailVersion   = 2
+	detailVersionV1 = 1
+	saltSize        = 16
+	partDigestSize  = 8
 
 	// maxMemberParts and maxMemberName bound what a detail keeps of an
 	// object body's members; a larger object is compared as a whole
 	// ("body").
 	maxMemberParts = 64
 	maxMemberName  = 128
+)
+
+// Names of the body's parts. Differs names only "body", never the others,
+// which say how the body was compared; none can be mistaken for a header
+// ("header ...") or a member ("/...").
+const (
+	partBody        = "body"
+	partContentJSON = "content json"
+	partJSONOptions = "json options"
+	partObject      = "object"
 )
 
 // errDetail: a detail that this version cannot read.
@@ -59,11 +88,34 @@ func (f *Fingerprinter) Detail(method, path, rawQuery string, header http.Header
 
 // Differs names the parts in which this request differs from the one
 // whose detail is given: in order "method", "path", "query", each
-// "header <Name>", "body", then the JSON Pointers of the top-level members
-// that differ or are on one side only, sorted. ok is false when detail
-// cannot be read (a record made by another version, or none at all).
+// "header <Name>", "body", then, sorted, the JSON Pointers of top-level
+// members of this request's body that differ from the first request's or
+// that it lacked. ok is false when detail cannot be read (a record made
+// by another version, or none at all).
+//
+// It names only what is known to differ, and never a member this request
+// does not have (a probe would learn the names of another's members):
+//
+//   - the body, when the bytes differ and the bodies are not the same
+//     canonical JSON under the same options; when the first request's
+//     body was compared as JSON and this one's as bytes, only when it is
+//     not the same JSON (the detail keeps no digest of a JSON body's
+//     bytes);
+//   - members only when both bodies were compared as canonical JSON under
+//     the same options and differ, and never a name either body gives
+//     twice, which parsers read differently;
+//   - "header Content-Type" also when it is not fingerprinted but one
+//     request declared JSON and the other did not, so that one body was
+//     compared as JSON and the other as bytes;
+//   - a header fingerprinted for the first request but not now is
+//     compared with this request's; one fingerprinted now but not then
+//     is not named, nothing being known of it.
+//
+// A detail of version 1 gives a shorter answer where it knows less (an
+// empty object lists no members), and is read assuming that the
+// canonical_json and ignore options have not changed since.
 func (f *Fingerprinter) Differs(detail []byte, method, path, rawQuery string, header http.Header, body []byte) (differs []string, ok bool) {
-	salt, stored, err := parseDetail(detail)
+	version, salt, stored, twice, err := parseDetail(detail)
 	if err != nil {
 		return nil, false
 	}
@@ -73,39 +125,159 @@ func (f *Fingerprinter) Differs(detail []byte, method, path, rawQuery string, he
 	}, func(name []byte, digest [partDigestSize]byte) {
 		current = append(current, part{string(name), digest})
 	})
-	seen := make(map[string]bool, len(current))
-	var members []string
-	bodySame := true
+	cur := make(map[string][partDigestSize]byte, len(current))
 	for _, p := range current {
-		seen[p.name] = true
-		d, had := stored[p.name]
-		same := had && d == p.digest
-		switch {
-		case p.name == "body":
-			bodySame = same
-			if !same {
+		if _, dup := cur[p.name]; dup {
+			twice[p.name] = true
+		}
+		cur[p.name] = p.digest
+	}
+	// differ reports whether both sides have the part and its digests
+	// differ: a part one side lacks is not known to differ.
+	differ := func(name string) bool {
+		s, sok := stored[name]
+		c, cok := cur[name]
+		return sok && cok && s != c
+	}
+	has := func(name string) bool { return slices.Contains(differs, name) }
+
+	for _, p := range current {
+		if p.name == "method" || p.name == "path" || p.name == "query" || strings.HasPrefix(p.name, "header ") {
+			if differ(p.name) {
 				differs = append(differs, p.name)
 			}
-		case strings.HasPrefix(p.name, "/"):
-			if !same {
-				members = append(members, p.name)
+		}
+	}
+	var then []string // headers fingerprinted then, not now
+	for name := range stored {
+		if _, now := cur[name]; !now && strings.HasPrefix(name, "header ") {
+			then = append(then, name)
+		}
+	}
+	slices.Sort(then)
+	for _, name := range then {
+		if stored[name] != f.headerDigest(salt, name, header) {
+			differs = append(differs, name)
+		}
+	}
+
+	// How each body was compared: as canonical JSON (with "json options")
+	// or as bytes; a detail of version 1 does not say.
+	v1 := version == detailVersionV1
+	_, storedJSON := stored[partJSONOptions]
+	_, curJSON := cur[partJSONOptions]
+	if name := "header Content-Type"; differ(partContentJSON) && storedJSON != curJSON && !has(name) {
+		differs = append(differs, name) // it changed how the body was compared
+	}
+	was, sameOptions := wasUnknown, true // version 1: options assumed unchanged
+	if !v1 {
+		was, sameOptions = wasRaw, false
+		if storedJSON {
+			was, sameOptions = wasJSON, stored[partJSONOptions] == f.optionsDigest(salt)
+		}
+	}
+	if _, ok := stored[partBody]; !ok || !f.bodyDiffers(salt, stored[partBody], cur[partBody], was, sameOptions, body) {
+		return differs, true
+	}
+	differs = append(differs, partBody)
+	_, complete := stored[partObject]
+	if v1 {
+		// Version 1 listed the members of a JSON object body, or none.
+		for name := range stored {
+			if strings.HasPrefix(name, "/") {
+				storedJSON, complete = true, true
+				break
 			}
-		case !same:
+		}
+	}
+	if !storedJSON || !curJSON || !sameOptions {
+		return differs, true
+	}
+	members := len(differs)
+	for _, p := range current {
+		if !strings.HasPrefix(p.name, "/") || twice[p.name] || has(p.name) {
+			continue
+		}
+		if s, had := stored[p.name]; had && s != p.digest || !had && complete {
 			differs = append(differs, p.name)
 		}
 	}
-	for name := range stored {
-		if !seen[name] && !strings.HasPrefix(name, "/") {
-			differs = append(differs, name) // a header fingerprinted then, not now
-		} else if !seen[name] {
-			members = append(members, name)
-		}
-	}
-	if !bodySame {
-		slices.Sort(members)
-		differs = append(differs, members...)
-	}
+	slices.Sort(differs[members:])
 	return differs, true
+}
+
+// storedBody is how the body of a detail was compared.
+type storedBody int
+
+const (
+	wasUnknown storedBody = iota // version 1: as JSON or as bytes
+	wasRaw
+	wasJSON
+)
+
+// bodyDiffers reports whether the body is known to differ from the one
+// whose "body" digest is stored, when this body's digest is cur. A digest
+// of either form of this body (its bytes, its canonical encoding) that
+// matches the stored one proves them equal in that form. A body compared
+// once as JSON and once as bytes is therefore not named when it is the
+// same JSON in other bytes: the detail holds no digest of the JSON body's
+// bytes, and keeping one would cost every new key another pass over its
+// body.
+func (f *Fingerprinter) bodyDiffers(salt []byte, stored, cur [partDigestSize]byte, was storedBody, sameOptions bool, body []byte) bool {
+	if stored == cur || stored == f.bodyDigest(salt, bodyRaw, body) {
+		return false
+	}
+	if was == wasRaw {
+		return true // other bytes
+	}
+	if !sameOptions {
+		return false // canonical encodings under other options cannot be compared
+	}
+	st := sumPool.Get().(*sumState)
+	defer putSumState(st)
+	var ignore *pointerTrie
+	if f != nil {
+		ignore = f.ignore
+	}
+	canon, fail := appendCanonical(st.canon[:0], body, ignore)
+	st.canon = canon
+	// Under the same options a canonical encoding that differs, or none
+	// for a body that was canonicalised then, means other bytes too.
+	return fail.reason != "" || stored != f.bodyDigest(salt, bodyCanonical, canon)
+}
+
+// bodyDigest is the digest of the part "body" of a body hashed with tag
+// as payload.
+func (f *Fingerprinter) bodyDigest(salt []byte, tag byte, payload []byte) [partDigestSize]byte {
+	st := sumPool.Get().(*sumState)
+	defer putSumState(st)
+	st.salt = append(st.salt[:0], salt...)
+	st.frame = append(appendString(st.frame[:0], partBody), tag)
+	return st.digest(payload)
+}
+
+// optionsDigest is the digest of the part "json options" of this
+// Fingerprinter.
+func (f *Fingerprinter) optionsDigest(salt []byte) [partDigestSize]byte {
+	st := sumPool.Get().(*sumState)
+	defer putSumState(st)
+	st.salt = append(st.salt[:0], salt...)
+	st.frame = appendString(st.frame[:0], partJSONOptions)
+	if f != nil {
+		st.frame = append(st.frame, f.ignoreKey...)
+	}
+	return st.digest(nil)
+}
+
+// headerDigest is the digest of the part "header <Name>" of this request,
+// for a header fingerprinted when the detail was made but not now.
+func (f *Fingerprinter) headerDigest(salt []byte, part string, header http.Header) [partDigestSize]byte {
+	st := sumPool.Get().(*sumState)
+	defer putSumState(st)
+	st.salt = append(st.salt[:0], salt...)
+	name := strings.TrimPrefix(part, "header ")
+	st.frame = appendHeaderValues(appendString(st.frame[:0], part), name, header[name])
+	return st.digest(nil)
 }
 
 // part is one named part of a request and its salted digest.
@@ -114,8 +286,24 @@ type part struct {
 	digest [partDigestSize]byte
 }
 
+// digest returns the first bytes of SHA-256(st.salt, st.frame, value).
+func (st *sumState) digest(value []byte) [partDigestSize]byte {
+	st.h.Reset()
+	st.h.Write(st.salt)
+	st.h.Write(st.frame)
+	st.h.Write(value)
+	st.h.Sum(st.sum[:0])
+	return [partDigestSize]byte(st.sum[:partDigestSize])
+}
+
+func putSumState(st *sumState) {
+	if cap(st.frame) <= maxPooledBytes && cap(st.canon) <= maxPooledBytes {
+		sumPool.Put(st)
+	}
+}
+
 // parts calls start with the number of parts of the request, then emit
-// for each part, in the order Differs reports them. The name passed to
+// for each part, in the order the detail lists them. The name passed to
 // emit is only valid during the call. A part's digest is the first bytes
 // of SHA-256(salt, uvarint(len(name)), name, value).
 func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header http.Header, body []byte,
@@ -125,63 +313,71 @@ func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header
 		cfg = *f
 	}
 	st := sumPool.Get().(*sumState)
-	defer func() {
-		if cap(st.frame) <= maxPooledBytes && cap(st.canon) <= maxPooledBytes {
-			sumPool.Put(st)
-		}
-	}()
+	defer putSumState(st)
 	payload, tag := cfg.body(st, header, body)
-	members := 0
+	count := 4 + len(cfg.headers)
+	if cfg.canonicalJSON {
+		count++ // content json
+	}
+	members, listed := 0, false
 	if tag == bodyCanonical {
-		ok := canonicalMembers(payload, func(name, _ []byte) bool {
+		count++ // json options
+		listed = canonicalMembers(payload, func(name, _ []byte) bool {
 			members++
 			return members <= maxMemberParts && len(name) <= maxMemberName
 		})
-		if !ok {
-			members = 0 // compared as a whole
+		if listed {
+			count += 1 + members // object, then the members
 		}
 	}
-	start(4 + len(cfg.headers) + members)
+	start(count)
 	// A copy, so that salt does not escape through the hash.Hash interface.
 	st.salt = append(st.salt[:0], salt...)
 
-	// digest hashes st.frame (name and value, or its start) and then
-	// value, and emits the part named st.name.
-	digest := func(value []byte) {
-		st.h.Reset()
-		st.h.Write(st.salt)
-		st.h.Write(st.frame)
-		st.h.Write(value)
-		st.h.Sum(st.sum[:0])
-		emit(st.name, [partDigestSize]byte(st.sum[:partDigestSize]))
-	}
+	// part emits the part named st.name, of frame st.frame and value.
+	part := func(value []byte) { emit(st.name, st.digest(value)) }
 	named := func(name string) []byte {
 		st.name = append(st.name[:0], name...)
 		return appendString(st.frame[:0], name)
 	}
 	st.frame = append(named("method"), method...)
-	digest(nil)
+	part(nil)
 	st.frame = append(named("path"), path...)
-	digest(nil)
+	part(nil)
 	st.frame = append(named("query"), rawQuery...)
-	digest(nil)
+	part(nil)
 	for _, name := range cfg.headers {
 		st.name = append(append(st.name[:0], "header "...), name...)
 		fr := binary.AppendUvarint(st.frame[:0], uint64(len(st.name)))
 		fr = append(fr, st.name...)
 		st.frame = appendHeaderValues(fr, name, header[name])
-		digest(nil)
+		part(nil)
 	}
-	st.frame = append(named("body"), tag)
-	digest(payload)
-	if members == 0 {
+	st.frame = append(named(partBody), tag)
+	part(payload)
+	if cfg.canonicalJSON {
+		declared := byte('0')
+		if DeclaresJSON(header) {
+			declared = '1'
+		}
+		st.frame = append(named(partContentJSON), declared)
+		part(nil)
+	}
+	if tag != bodyCanonical {
 		return
 	}
+	st.frame = append(named(partJSONOptions), cfg.ignoreKey...)
+	part(nil)
+	if !listed {
+		return
+	}
+	st.frame = named(partObject)
+	part(nil)
 	canonicalMembers(payload, func(name, member []byte) bool {
 		st.name = appendPointer(st.name[:0], name)
 		fr := binary.AppendUvarint(st.frame[:0], uint64(len(st.name)))
 		st.frame = append(fr, st.name...)
-		digest(member)
+		part(member)
 		return true
 	})
 }
@@ -203,26 +399,32 @@ func appendPointer(dst, name []byte) []byte {
 	return dst
 }
 
-// parseDetail reads a detail into its salt and digests by part name.
-func parseDetail(b []byte) (salt []byte, digests map[string][partDigestSize]byte, err error) {
-	if len(b) < 1+saltSize || b[0] != detailVersion {
-		return nil, nil, errDetail
+// parseDetail reads a detail of either version into its salt and digests
+// by part name; twice holds the names listed more than once (a member
+// named twice in the body), whose digest is the last one's.
+func parseDetail(b []byte) (version byte, salt []byte, digests map[string][partDigestSize]byte, twice map[string]bool, err error) {
+	if len(b) < 1+saltSize || (b[0] != detailVersion && b[0] != detailVersionV1) {
+		return 0, nil, nil, nil, errDetail
 	}
-	salt, d := b[1:1+saltSize], decoder{b: b[1+saltSize:]}
+	version, salt, d := b[0], b[1:1+saltSize], decoder{b: b[1+saltSize:]}
 	n := d.count()
 	digests = make(map[string][partDigestSize]byte, n)
+	twice = make(map[string]bool)
 	for range n {
 		name := d.string()
 		if d.err != nil || len(d.b) < partDigestSize {
-			return nil, nil, errDetail
+			return 0, nil, nil, nil, errDetail
+		}
+		if _, dup := digests[name]; dup {
+			twice[name] = true
 		}
 		digests[name] = [partDigestSize]byte(d.b[:partDigestSize])
 		d.b = d.b[partDigestSize:]
 	}
 	if d.err != nil || len(d.b) != 0 {
-		return nil, nil, errDetail
+		return 0, nil, nil, nil, errDetail
 	}
-	return salt, digests, nil
+	return version, salt, digests, twice, nil
 }
 
 // decoder reads uvarint-framed data, remembering the first error.

@@ -7,6 +7,7 @@ import (
 	"hash"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"sync"
 )
 
@@ -35,6 +36,7 @@ type Fingerprinter struct {
 	headers       []string // canonical MIME header keys, in configured order
 	canonicalJSON bool
 	ignore        *pointerTrie // JSON members left out; nil for none
+	ignoreKey     []byte       // the ignored pointers, sorted and framed: part of a detail
 }
 
 // Options configure a Fingerprinter made with NewFingerprinter.
@@ -60,6 +62,7 @@ func NewFingerprinter(o Options) (*Fingerprinter, error) {
 	}
 	f := New(o.Headers, o.CanonicalJSON)
 	f.ignore = newPointerTrie(o.Ignore)
+	f.ignoreKey = ignoreKey(o.Ignore)
 	return f, nil
 }
 
@@ -75,6 +78,7 @@ func New(headers []string, canonicalJSON bool) *Fingerprinter {
 	f := &Fingerprinter{
 		headers:       make([]string, len(headers)),
 		canonicalJSON: canonicalJSON,
+		ignoreKey:     ignoreKey(nil),
 	}
 	for i, h := range headers {
 		f.headers[i] = textproto.CanonicalMIMEHeaderKey(h)
@@ -198,4 +202,20 @@ func appendHeaderValues(dst []byte, name string, values []string) []byte {
 func appendString(dst []byte, s string) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))
 	return append(dst, s...)
+}
+
+// ignoreKey frames the distinct pointers of ps in sorted order: equal sets
+// of ignored members give equal keys, whatever order they were given in.
+func ignoreKey(ps []Pointer) []byte {
+	raw := make([]string, len(ps))
+	for i, p := range ps {
+		raw[i] = p.raw
+	}
+	slices.Sort(raw)
+	raw = slices.Compact(raw)
+	key := binary.AppendUvarint(nil, uint64(len(raw)))
+	for _, r := range raw {
+		key = appendString(key, r)
+	}
+	return key
 }

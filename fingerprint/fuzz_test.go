@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -222,4 +224,127 @@ func hasLoneSurrogate(src []byte) bool {
 		}
 	}
 	return false
+}
+
+// FuzzDiffers checks Differs on pairs of bodies against the independent
+// model of detail_property_test.go: each name really differs and is a part
+// or a member of the retry, never a value; the list is empty exactly when
+// the fingerprints are equal; a detail of the first version gives sound
+// names too. flags picks the configuration and which request declares
+// JSON.
+func FuzzDiffers(f *testing.F) {
+	for _, s := range []struct{ a, b string }{
+		{`{"amount":10}`, `{"amount":10}`},
+		{`{"amount":10,"secret":1}`, `{"amount":11}`},
+		{`{"a":1,"a":2}`, `{"a":2,"b":1}`},
+		{`{"a":{"b":1},"sent_at":1}`, `{"sent_at":2,"a":{"b":1.0}}`},
+		{`[1,2]`, `{"a":1}`},
+		{`{}`, `{"a":"\u00e9"}`},
+		{`amount=10`, `{"amount":10}`},
+		{`{"amount":`, `{"amount":1}`},
+	} {
+		for _, flags := range []byte{0, 3, 13, 22} {
+			f.Add([]byte(s.a), []byte(s.b), flags)
+		}
+	}
+	f.Fuzz(func(t *testing.T, first, retry []byte, flags byte) {
+		cfg := modelConfigs[int(flags>>2)%len(modelConfigs)]
+		fp := cfg.fingerprinter(t)
+		header := func(declared bool) http.Header {
+			if declared {
+				return http.Header{"Content-Type": {"application/json"}}
+			}
+			return http.Header{"Content-Type": {"text/plain"}}
+		}
+		a := request{method: "POST", path: "/a", header: header(flags&1 != 0), body: string(first)}
+		b := request{method: "POST", path: "/a", header: header(flags&2 != 0), body: string(retry)}
+		detail := fp.Detail(a.method, a.path, a.query, a.header, first)
+		got, ok := fp.Differs(detail, b.method, b.path, b.query, b.header, retry)
+		if !ok {
+			t.Fatal("Differs could not read the detail it made")
+		}
+		cfg.checkDiffers(t, "detail", a, b, got)
+		if same := bytes.Equal(a.sum(fp), b.sum(fp)); same != (len(got) == 0) {
+			t.Fatalf("equal fingerprints %v, yet differs %q", same, got)
+		}
+		var salt [saltSize]byte
+		old := detailV1(fp, salt, a.method, a.path, a.query, a.header, first)
+		if got, ok = fp.Differs(old, b.method, b.path, b.query, b.header, retry); !ok {
+			t.Fatal("Differs could not read a detail of the first version")
+		}
+		cfg.checkDiffers(t, "first version's detail", a, b, got)
+	})
+}
+
+// FuzzPointerLookup checks Lookup against the model of
+// detail_property_test.go: the value at the pointer, none, or
+// ErrDuplicateMember exactly when an object on the path gives the member
+// the pointer goes through more than once.
+func FuzzPointerLookup(f *testing.F) {
+	for _, s := range []struct{ ptr, doc string }{
+		{"/id", `{"id":"a","id":"b"}`},
+		{"/data/object/id", `{"data":{"object":{"id":"pi_2"}},"id":"evt_1"}`},
+		{"/data/id", `{"data":{},"data":{"id":"a"}}`},
+		{"/a~1b/1/i\u0064", `{"a/b":[0,{"id":1}]}`},
+		{"/id", `{"i\u0064":1,"x":"\"}","id":2}`},
+		{"/0", `[{"a":1},2]`},
+		{"/+1", `[0,1]`},
+		{"/m~0n", ` {"m~n" : [ true , null ] } `},
+	} {
+		f.Add(s.ptr, []byte(s.doc))
+	}
+	f.Fuzz(func(t *testing.T, ptr string, doc []byte) {
+		p, err := ParsePointer(ptr)
+		if err != nil || !utf8.Valid(doc) || !utf8.ValidString(ptr) {
+			return
+		}
+		value, found, err := p.Lookup(doc)
+		model, ok := decodeModel(doc)
+		if !ok {
+			if err == nil || errors.Is(err, ErrDuplicateMember) {
+				t.Fatalf("Lookup(%s) in invalid JSON %q: %q, %v, %v", ptr, doc, value, found, err)
+			}
+			return
+		}
+		want, wantFound, twice := model, true, false
+	walk:
+		for _, tok := range p.tokens {
+			switch v := want.(type) {
+			case jobject:
+				ms := v.members(tok)
+				switch {
+				case len(ms) > 1:
+					twice = true
+					break walk
+				case len(ms) == 0:
+					wantFound = false
+					break walk
+				}
+				want = ms[0]
+			case []jv:
+				i, err := strconv.ParseUint(tok, 10, 31)
+				if err != nil || i >= uint64(len(v)) || len(tok) > 1 && tok[0] == '0' {
+					wantFound = false
+					break walk
+				}
+				want = v[i]
+			default:
+				wantFound = false
+				break walk
+			}
+		}
+		switch {
+		case twice:
+			if !errors.Is(err, ErrDuplicateMember) || !strings.HasPrefix(ptr, strings.TrimPrefix(err.Error(), ErrDuplicateMember.Error()+" at ")) {
+				t.Fatalf("Lookup(%s) in %s = %q, %v, %v; want ErrDuplicateMember naming a prefix of the pointer", ptr, doc, value, found, err)
+			}
+		case err != nil || found != wantFound:
+			t.Fatalf("Lookup(%s) in %s = %q, %v, %v; want found %v", ptr, doc, value, found, err, wantFound)
+		case found:
+			got, ok := decodeModel(value)
+			if !ok || !equalModel(got, want) || len(value) > 0 && isJSONSpace(value[0]) {
+				t.Fatalf("Lookup(%s) in %s = %q, not the model's value", ptr, doc, value)
+			}
+		}
+	})
 }

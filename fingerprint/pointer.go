@@ -1,12 +1,19 @@
 package fingerprint
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 )
+
+// ErrDuplicateMember is the error of Pointer.Lookup when an object on the
+// pointer's path gives the member the pointer goes through more than once,
+// as in {"id":"a","id":"b"}: parsers disagree on which one counts (the
+// first, the last, or neither), so the value is ambiguous.
+var ErrDuplicateMember = errors.New("the JSON body names a member twice")
 
 // Pointer is an RFC 6901 JSON Pointer: "/data/object/id", "/items/0",
 // "/a~1b" for the member "a/b", "/m~0n" for "m~n".
@@ -45,45 +52,179 @@ func (p Pointer) String() string { return p.raw }
 
 // Lookup returns the JSON value at p in the JSON text doc, and whether
 // there is one. An array index must be written in decimal without leading
-// zeros. doc must be valid JSON (the error says when it is not); among
-// members with one name the last counts, as in most JSON parsers.
+// zeros. doc must be valid JSON (the error says when it is not). An object
+// on the path that gives the member the pointer goes through more than
+// once (names compared after unescaping) makes the value ambiguous: the
+// error then wraps ErrDuplicateMember and ends with the pointer to that
+// member ("... at /data").
 func (p Pointer) Lookup(doc []byte) (value json.RawMessage, found bool, err error) {
-	cur := json.RawMessage(doc)
-	if !json.Valid(cur) {
+	if !json.Valid(doc) {
 		return nil, false, errors.New("the body is not valid JSON")
 	}
-	for _, t := range p.tokens {
-		cur = trimSpace(cur)
-		switch {
-		case len(cur) > 0 && cur[0] == '{':
-			var m map[string]json.RawMessage
-			if err := json.Unmarshal(cur, &m); err != nil {
-				return nil, false, err
+	cur := trimSpace(doc)
+	for depth, t := range p.tokens {
+		switch cur[0] {
+		case '{':
+			v, ok, twice := objectMember(cur, t)
+			if twice {
+				return nil, false, fmt.Errorf("%w at %s", ErrDuplicateMember, p.prefix(depth+1))
 			}
-			v, ok := m[t]
 			if !ok {
 				return nil, false, nil
 			}
 			cur = v
-		case len(cur) > 0 && cur[0] == '[':
-			i, err := strconv.Atoi(t)
-			if err != nil || i < 0 || (len(t) > 1 && t[0] == '0') {
+		case '[':
+			i, ok := arrayIndex(t)
+			if !ok {
 				return nil, false, nil
 			}
-			var a []json.RawMessage
-			if err := json.Unmarshal(cur, &a); err != nil {
-				return nil, false, err
-			}
-			if i >= len(a) {
+			v, ok := element(cur, i)
+			if !ok {
 				return nil, false, nil
 			}
-			cur = a[i]
+			cur = v
 		default:
 			return nil, false, nil
 		}
 	}
-	return trimSpace(cur), true, nil
+	return cur, true, nil
 }
+
+// arrayIndex reads an array index token: decimal digits without a leading
+// zero (RFC 6901 section 4), so that "+1", "-0" and "01" name no element.
+func arrayIndex(t string) (int, bool) {
+	if t == "" || len(t) > 1 && t[0] == '0' {
+		return 0, false
+	}
+	for i := 0; i < len(t); i++ {
+		if t[i] < '0' || t[i] > '9' {
+			return 0, false
+		}
+	}
+	i, err := strconv.Atoi(t)
+	return i, err == nil
+}
+
+// prefix returns the pointer to the n-th token, as written.
+func (p Pointer) prefix(n int) string {
+	end := 0
+	for range n {
+		next := strings.IndexByte(p.raw[end+1:], '/')
+		if next < 0 {
+			return p.raw
+		}
+		end += 1 + next
+	}
+	return p.raw[:end]
+}
+
+// The functions below walk JSON text that json.Valid accepted, and so
+// need not check its syntax. Values are returned without surrounding
+// whitespace.
+
+// objectMember returns the value of the member name of the object obj, and
+// whether the object gives that name more than once.
+func objectMember(obj []byte, name string) (value []byte, found, twice bool) {
+	i := skipSpace(obj, 1)
+	for obj[i] != '}' {
+		end := skipString(obj, i)
+		key := obj[i+1 : end-1]
+		i = skipSpace(obj, end)
+		i = skipSpace(obj, i+1) // the colon
+		valueEnd := skipValue(obj, i)
+		if memberName(key) == name {
+			if found {
+				return nil, false, true
+			}
+			value, found = obj[i:valueEnd], true
+		}
+		i = skipSpace(obj, valueEnd)
+		if obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+	}
+	return value, found, false
+}
+
+// memberName decodes the bytes between a member name's quotes.
+func memberName(raw []byte) string {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw)
+	}
+	var s string
+	quoted := append(append([]byte{'"'}, raw...), '"')
+	if json.Unmarshal(quoted, &s) != nil {
+		return string(raw)
+	}
+	return s
+}
+
+// element returns the n-th element of the array arr.
+func element(arr []byte, n int) ([]byte, bool) {
+	i := skipSpace(arr, 1)
+	for k := 0; arr[i] != ']'; k++ {
+		end := skipValue(arr, i)
+		if k == n {
+			return arr[i:end], true
+		}
+		i = skipSpace(arr, end)
+		if arr[i] == ',' {
+			i = skipSpace(arr, i+1)
+		}
+	}
+	return nil, false
+}
+
+// skipValue returns the index after the value that starts at i.
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return i
+	}
+	for i < len(b) && !isJSONDelimiter(b[i]) { // a number or a literal
+		i++
+	}
+	return i
+}
+
+// skipString returns the index after the string that starts at i.
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return i
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && isJSONSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func isJSONDelimiter(c byte) bool { return c == ',' || c == '}' || c == ']' || isJSONSpace(c) }
 
 func trimSpace(b json.RawMessage) json.RawMessage {
 	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {

@@ -2,6 +2,7 @@ package fingerprint
 
 import (
 	"bytes"
+	"errors"
 	"net/http"
 	"testing"
 )
@@ -37,6 +38,9 @@ func TestPointerLookup(t *testing.T) {
 		"/data/object/n/2":       "",
 		"/data/object/n/01":      "",
 		"/data/object/n/-":       "",
+		"/data/object/n/+1":      "",
+		"/data/object/n/-0":      "",
+		"/data/object/n/ 1":      "",
 		"/id/deeper":             "",
 		"/data/object/id/length": "",
 	} {
@@ -58,7 +62,7 @@ func TestPointerLookup(t *testing.T) {
 	}
 }
 
-func mustPointers(t *testing.T, ss ...string) []Pointer {
+func mustPointers(t testing.TB, ss ...string) []Pointer {
 	t.Helper()
 	var ps []Pointer
 	for _, s := range ss {
@@ -114,5 +118,45 @@ func TestIgnoredMembersAreLeftOutOfTheFingerprint(t *testing.T) {
 	r1.body, r2.body = `{"sent_at":1}`, `{"sent_at":2}`
 	if bytes.Equal(r1.sum(f), r2.sum(f)) {
 		t.Error("members of a body not declared as JSON were ignored")
+	}
+}
+
+// TestLookupRefusesAKeyNamedTwice: a member on the pointer's path given
+// twice is ambiguous (parsers disagree on which counts), at any level.
+func TestLookupRefusesAKeyNamedTwice(t *testing.T) {
+	for _, tc := range []struct{ ptr, doc string }{
+		{"/id", `{"id":"a","id":"b"}`},
+		{"/id", `{"id":"a","id":"a"}`},                  // equal values: still refused
+		{"/id", `{"id":"a","x":1,"i\u0064":"b"}`},       // the same name, escaped
+		{"/id", `{"id":"a", "data":{}, "id" : null }`},  // after the value found
+		{"/data/id", `{"data":{"id":"a"},"data":{}}`},   // a level up: the path is ambiguous
+		{"/data/id", `{"data":{},"data":{"id":"a"}}`},   // the first has no key
+		{"/data/id", `{"data":{"id":"a","id":"b"}}`},    // deeper
+		{"/a~1b/0/id", `{"a/b":[{"id":1,"id":2}]}`},     // through an array
+		{"/data/missing", `{"data":{"x":1},"data":{}}`}, // ambiguous, whatever is below
+	} {
+		p, err := ParsePointer(tc.ptr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, found, err := p.Lookup([]byte(tc.doc))
+		if !errors.Is(err, ErrDuplicateMember) {
+			t.Errorf("Lookup(%s) in %s = %q, %v, %v; want ErrDuplicateMember", tc.ptr, tc.doc, v, found, err)
+		}
+		if tc.ptr == "/data/id" && tc.doc == `{"data":{},"data":{"id":"a"}}` && err.Error() != "the JSON body names a member twice at /data" {
+			t.Errorf("error %q does not say where", err)
+		}
+	}
+	for _, tc := range []struct{ ptr, doc, want string }{
+		{"/id", `{"id":"a","x":1,"x":2}`, `"a"`},                         // twice, but not on the path
+		{"/data/id", `{"data":{"id":"a","n":[{"id":1,"id":2}]}}`, `"a"`}, // below another member
+		{"/id", `{"id":{"k":1,"k":2}}`, `{"k":1,"k":2}`},                 // inside the value found
+		{"/id", `{"ID":"a","id":"b"}`, `"b"`},                            // names are case-sensitive
+	} {
+		p, _ := ParsePointer(tc.ptr)
+		v, found, err := p.Lookup([]byte(tc.doc))
+		if err != nil || !found || string(v) != tc.want {
+			t.Errorf("Lookup(%s) in %s = %q, %v, %v; want %s", tc.ptr, tc.doc, v, found, err, tc.want)
+		}
 	}
 }
