@@ -80,6 +80,8 @@ check-build: build testservers
 fuzz:
 	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzDiffers$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzPointerLookup$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./storage/ -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./storage/ -run '^$$' -fuzz '^FuzzAppendDecodeRoundTrip$$' -fuzztime $(FUZZTIME)
 
@@ -91,6 +93,8 @@ fuzz:
 fuzz-short:
 	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 200000x
 	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime 100000x
+	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzDiffers$$' -fuzztime 50000x
+	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzPointerLookup$$' -fuzztime 100000x
 	$(GO) test ./storage/ -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime 30000x
 	$(GO) test ./storage/ -run '^$$' -fuzz '^FuzzAppendDecodeRoundTrip$$' -fuzztime 150000x
 

@@ -476,3 +476,18 @@ func TestAnswersThatSayNothingWasDoneFreeTheKeyByDefault(t *testing.T) {
 		}
 	}
 }
+
+func TestAKeyJSONBodyThatNamesTheKeyTwiceIsRefused(t *testing.T) {
+	h := isolated(t, &Handler{KeyJSON: "/data/id"})
+	up := &upstream{}
+	for _, body := range []string{`{"data":{"id":"a","id":"b"}}`, `{"data":{"id":"a"},"data":{"id":"b"}}`, `{"data":{"i\u0064":"a","id":"a"}}`} {
+		r := request("", body)
+		w := serve(h, up, r)
+		if w.Code != http.StatusBadRequest || problemOf(t, w).Type != "urn:caddy-idempotency:key-invalid" {
+			t.Errorf("%s: %d %s, want 400 key-invalid", body, w.Code, w.Body.String())
+		}
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("the upstream ran %d times for ambiguous bodies", up.calls.Load())
+	}
+}

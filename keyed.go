@@ -124,6 +124,12 @@ func (h *Handler) noKey() *refusal {
 // or has no member there (or null), has no key.
 func (h *Handler) keyFromBody(body []byte) (string, *refusal) {
 	v, found, err := h.keyJSON.Lookup(body)
+	if errors.Is(err, fingerprint.ErrDuplicateMember) {
+		// Parsers disagree on which of two members counts: the upstream
+		// could act on another key than the one recorded.
+		return "", &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid,
+			detail: fmt.Sprintf("the key at %s is ambiguous: %v; send each member once", h.keyJSON, err)}
+	}
 	if err != nil || !found || string(v) == "null" {
 		return "", h.noKey()
 	}

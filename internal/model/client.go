@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -166,9 +165,6 @@ func Send(addr string, a *Attempt, clock func() time.Time) *Result {
 	res.Body = body
 	return res
 }
-
-// errNoAnswer is a Result's error when nothing came back.
-var errNoAnswer = errors.New("no answer")
 
 // describe renders r for failure messages.
 func (r *Result) describe() string {

@@ -20,13 +20,10 @@ type Trial struct {
 	Config  *Config
 	Steps   []Step
 	// run is the token the generator put in every id, host and key, so
-	// that a re-run can swap in a fresh one (runTokenLen long).
+	// that a re-run can swap in a fresh one of the same length (no key's
+	// length changes).
 	run string
 }
-
-// runTokenLen is the length of run tokens: fixed, so that swapping one
-// changes no key's length.
-const runTokenLen = 9
 
 var runCounter atomic.Uint64
 
