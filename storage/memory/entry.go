@@ -2,6 +2,7 @@ package memory
 
 import (
 	"bytes"
+	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -35,11 +36,11 @@ type entry struct {
 	fpBuf [fpInline]byte
 }
 
-func newEntry(fp []byte, token storage.Token, now, ttl int64, scope scopeID) *entry {
+func newEntry(fp []byte, token storage.Token, now int64, lease time.Duration, scope scopeID) *entry {
 	e := &entry{
 		token:   token,
 		created: now,
-		expires: now + ttl,
+		expires: after(now, lease),
 		scope:   scope,
 	}
 	// Copy: callers may reuse their slice once Reserve returns.
@@ -93,12 +94,15 @@ func (s *Store) reservation(e *entry, fp []byte) storage.Reservation {
 }
 
 // completed decodes the record of a completed entry. The body and the
-// fingerprint alias the entry, which never changes them.
-func (s *Store) completed(e *entry, withBody bool) *storage.Record {
+// fingerprint alias the entry, which never changes them. The store encoded
+// the record itself and Complete refuses what could not be decoded, so an
+// error means memory was corrupted or a bug: it is reported as an error
+// wrapping storage.ErrCorrupt, never a panic, so that one bad record
+// costs its own requests and nothing else.
+func (s *Store) completed(e *entry, withBody bool) (*storage.Record, error) {
 	resp, err := storage.DecodeResponse(e.resp)
 	if err != nil {
-		// The store encoded it itself: this cannot happen.
-		panic("memory: corrupt record: " + err.Error())
+		return nil, err
 	}
 	if !withBody {
 		resp.Body = nil
@@ -110,5 +114,5 @@ func (s *Store) completed(e *entry, withBody bool) *storage.Record {
 		CreatedAt:   s.at(e.created),
 		ExpiresAt:   s.at(e.expires),
 		Detail:      e.detail,
-	}
+	}, nil
 }

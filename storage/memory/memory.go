@@ -65,8 +65,10 @@ type Options struct {
 type Store struct {
 	// base anchors all times to the monotonic clock: entries keep
 	// nanoseconds since base, so wall-clock jumps never expire or revive a
-	// record, and entries hold no pointers for times.
+	// record, and entries hold no pointers for times. elapsed is the
+	// clock (time.Since(base); tests set their own).
 	base     time.Time
+	elapsed  func() time.Duration
 	max      int64
 	maxScope int32        // per scope; 0: unbounded
 	count    atomic.Int64 // records held across all shards
@@ -104,6 +106,13 @@ var (
 // New returns a Store and starts its janitor goroutine; call Close to stop
 // it.
 func New(opts Options) *Store {
+	base := time.Now()
+	return newStore(opts, base, func() time.Duration { return time.Since(base) })
+}
+
+// newStore is New on the clock elapsed, which tells the time since base
+// (tests pass a clock they move by hand).
+func newStore(opts Options, base time.Time, elapsed func() time.Duration) *Store {
 	if opts.MaxKeys <= 0 {
 		opts.MaxKeys = DefaultMaxKeys
 	}
@@ -117,7 +126,8 @@ func New(opts Options) *Store {
 		opts.MaxKeysPerScope = 0
 	}
 	s := &Store{
-		base:     time.Now(),
+		base:     base,
+		elapsed:  elapsed,
 		max:      int64(opts.MaxKeys),
 		maxScope: int32(opts.MaxKeysPerScope),
 		seed:     maphash.MakeSeed(),
@@ -147,16 +157,6 @@ func (s *Store) Close() error {
 // included. It is meant for tests and metrics.
 func (s *Store) Len() int {
 	return int(s.count.Load())
-}
-
-// now returns the monotonic time in nanoseconds since s.base.
-func (s *Store) now() int64 {
-	return int64(time.Since(s.base))
-}
-
-// at converts a time from s.now back to a time.Time.
-func (s *Store) at(ns int64) time.Time {
-	return s.base.Add(time.Duration(ns))
 }
 
 // recordID names a record inside the store: its key's Digest. Maps keyed

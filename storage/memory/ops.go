@@ -26,7 +26,11 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 			res := s.reservation(old, fp)
 			sh.mu.Unlock()
 			if res.Outcome == storage.Replay {
-				res.Record = s.completed(old, true) // old.resp never changes
+				rec, err := s.completed(old, true) // old.resp never changes
+				if err != nil {
+					return storage.Reservation{}, fmt.Errorf("memory: reserve: %w", err)
+				}
+				res.Record = rec
 			}
 			return res, nil
 		}
@@ -46,7 +50,7 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 				return storage.Reservation{}, storage.ErrScopeFull
 			}
 		}
-		e := newEntry(fp, storage.NewToken(), now, int64(lease), scope)
+		e := newEntry(fp, storage.NewToken(), now, lease, scope)
 		sh.m[id] = e
 		if old != nil {
 			old.wake() // taken over: its waiters look again
@@ -62,8 +66,9 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 	if ttl <= 0 {
 		return fmt.Errorf("memory: complete: ttl %v is not positive", ttl)
 	}
-	if resp == nil {
-		return fmt.Errorf("memory: complete: nil response")
+	// Refused before the record is touched: the lease stays the caller's.
+	if err := storage.CheckResponse(resp); err != nil {
+		return fmt.Errorf("memory: complete: %w", err)
 	}
 	// Encoded outside the lock to keep the critical section short; the
 	// detail goes in the same block, after the response.
@@ -82,7 +87,7 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 	if e == nil || !e.owns(token) {
 		return storage.ErrLeaseLost
 	}
-	e.expires = now + int64(ttl)
+	e.expires = after(now, ttl)
 	e.resp, e.detail = enc, detail
 	e.token = 0
 	e.wake()
@@ -115,7 +120,7 @@ func (s *Store) Renew(_ context.Context, key storage.Key, token storage.Token, l
 	if e == nil || !e.owns(token) {
 		return storage.ErrLeaseLost
 	}
-	e.expires = now + int64(lease)
+	e.expires = after(now, lease)
 	return nil
 }
 
@@ -135,7 +140,11 @@ func (s *Store) Get(_ context.Context, key storage.Key, withBody bool) (*storage
 		sh.mu.Unlock()
 		// e.resp never changes once set, so decoding outside the lock is
 		// safe.
-		return s.completed(e, withBody), nil
+		rec, err := s.completed(e, withBody)
+		if err != nil {
+			return nil, fmt.Errorf("memory: get: %w", err)
+		}
+		return rec, nil
 	}
 	rec := &storage.Record{
 		Fingerprint: e.fp,

@@ -72,8 +72,9 @@ func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Tok
 	if ttl <= 0 {
 		return fmt.Errorf("redis complete: ttl %v is not positive", ttl)
 	}
-	if resp == nil {
-		return fmt.Errorf("redis complete: nil response")
+	// Refused before Redis is asked: the lease stays the caller's.
+	if err := storage.CheckResponse(resp); err != nil {
+		return fmt.Errorf("redis complete: %w", err)
 	}
 	if token == 0 {
 		return storage.ErrLeaseLost

@@ -165,14 +165,19 @@ func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelF
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// millis converts d to whole milliseconds, rounding up so that a positive
-// duration never becomes zero (PEXPIRE 0 would delete the key).
+// millis converts d, clamped to storage.MaxDuration, to whole
+// milliseconds, rounding up so that a positive duration never becomes
+// zero (PEXPIRE 0 would delete the key). Clamping first keeps the
+// rounding, and keepMillis's doubling, clear of int64 overflow: a
+// negative PEXPIRE deletes the key too.
 func millis(d time.Duration) int64 {
+	d = storage.Clamp(d)
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // keepMillis is how long an in-flight record with the given lease stays in
 // Redis: the lease, then as long again and at least lapsedGrace.
 func keepMillis(lease time.Duration) int64 {
-	return millis(lease + max(lease, lapsedGrace))
+	lease = storage.Clamp(lease)
+	return millis(lease) + millis(max(lease, lapsedGrace))
 }

@@ -64,6 +64,8 @@ var suite = []subtest{
 	{"ScopesAreIsolated", testScopesAreIsolated},
 	{"KeysWithOddBytes", testKeysWithOddBytes},
 	{"ContextCancelled", testContextCancelled},
+	{"CompleteRefusesAResponseNoRecordMayHold", testCompleteRefusesAResponseNoRecordMayHold},
+	{"HugeLeasesAndTTLsSaturate", testHugeLeasesAndTTLsSaturate},
 }
 
 // Run runs the conformance suite against store. The subtests run in
