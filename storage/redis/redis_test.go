@@ -204,6 +204,14 @@ func TestCorruptRecordsAreErrors(t *testing.T) {
 		{"bad head", func(n string) error {
 			return admin.HSet(ctx, n, "f", fp, "c", 1, "e", future, "h", "\xff\x00", "b", "").Err()
 		}, true},
+		{"status no record may hold", func(n string) error {
+			head := storage.AppendResponse(nil, &storage.Response{Status: 42})
+			return admin.HSet(ctx, n, "f", fp, "c", 1, "e", future, "h", head, "b", "").Err()
+		}, true},
+		{"interim status", func(n string) error {
+			head := storage.AppendResponse(nil, &storage.Response{Status: 103})
+			return admin.HSet(ctx, n, "f", fp, "c", 1, "e", future, "h", head, "b", "").Err()
+		}, true},
 		{"body inside the head", func(n string) error {
 			head := storage.AppendResponse(nil, textResponse("inside"))
 			return admin.HSet(ctx, n, "f", fp, "c", 1, "e", future, "h", head, "b", "").Err()
