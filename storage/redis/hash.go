@@ -56,6 +56,9 @@ func (s *Store) DeleteByHash(ctx context.Context, hash string) (int, error) {
 
 // namesByHash returns the key names of the store that start with hash.
 func (s *Store) namesByHash(ctx context.Context, hash string) ([]string, error) {
+	if s.invalid != nil {
+		return nil, fmt.Errorf("redis scan: %w", s.invalid)
+	}
 	if len(hash) != storage.HashLen || !isHex(hash) {
 		return nil, nil
 	}

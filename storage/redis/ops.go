@@ -213,6 +213,9 @@ func (s *Store) run(ctx context.Context, script *goredis.Script, key storage.Key
 
 // runKey is run on the record's key name.
 func (s *Store) runKey(ctx context.Context, script *goredis.Script, name string, args ...any) (any, error) {
+	if s.invalid != nil {
+		return nil, s.invalid
+	}
 	v, err := s.pipe.do(ctx, script, []string{name}, args)
 	if err != nil {
 		if goredis.HasErrorPrefix(err, "CORRUPT") {

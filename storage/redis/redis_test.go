@@ -330,3 +330,35 @@ func TestProblemsNeverNameKeysOrCredentials(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyPrefixWithABraceIsRefused: a brace in the prefix would be a
+// Cluster hash tag putting every record in one slot. Options.Check names
+// the option, and a store built anyway writes nothing.
+func TestKeyPrefixWithABraceIsRefused(t *testing.T) {
+	for _, prefix := range []string{"{idem}:", "app:{", "app}:"} {
+		err := Options{KeyPrefix: prefix}.Check()
+		if err == nil || !strings.Contains(err.Error(), "key_prefix must not contain") || !strings.Contains(err.Error(), prefix) {
+			t.Errorf("Check(%q) = %v, want an error naming key_prefix and the prefix", prefix, err)
+		}
+	}
+	addr := redistest.Addr()
+	redistest.Require(t, addr)
+	admin := adminClient(t, addr)
+	prefix := "{" + redistest.RandomHex(6) + "}:"
+	s := New(goredis.NewClient(&goredis.Options{Addr: addr}), Options{KeyPrefix: prefix})
+	defer s.Close()
+	ctx := t.Context()
+	key := storage.Key{Scope: "scope", ID: "tagged"}
+	if _, err := s.Reserve(ctx, key, fp, time.Minute); !errors.Is(err, storage.ErrInvalid) {
+		t.Errorf("Reserve: %v, want an error wrapping storage.ErrInvalid", err)
+	}
+	if _, err := s.Get(ctx, key, false); !errors.Is(err, storage.ErrInvalid) {
+		t.Errorf("Get: %v, want an error wrapping storage.ErrInvalid", err)
+	}
+	if err := s.Wait(ctx, key, time.Second); !errors.Is(err, storage.ErrInvalid) {
+		t.Errorf("Wait: %v, want an error wrapping storage.ErrInvalid", err)
+	}
+	if keys := admin.Keys(ctx, escapeGlob(prefix)+"*").Val(); len(keys) != 0 {
+		t.Errorf("keys written under a refused prefix: %v", keys)
+	}
+}

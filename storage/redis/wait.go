@@ -59,6 +59,9 @@ func (s *Store) Wait(ctx context.Context, key storage.Key, maxWait time.Duration
 	if maxWait <= 0 {
 		return nil
 	}
+	if s.invalid != nil {
+		return fmt.Errorf("redis wait: %w", s.invalid)
+	}
 	deadline := time.Now().Add(maxWait)
 	timer := time.NewTimer(maxWait)
 	defer timer.Stop()
