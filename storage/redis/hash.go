@@ -81,7 +81,7 @@ func (s *Store) namesByHash(ctx context.Context, hash string) ([]string, error) 
 		err = scan(ctx, s.client)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("redis scan: %w", err)
+		return nil, fmt.Errorf("redis scan: %w", classify(err))
 	}
 	return names, nil
 }

@@ -206,7 +206,9 @@ func (s *Store) fenced(ctx context.Context, op string, script *goredis.Script, k
 
 // run runs script on key's record: EVALSHA, falling back to EVAL (which
 // caches the script again) when the server does not know it. A CORRUPT
-// error from the script wraps storage.ErrCorrupt.
+// error from the script wraps storage.ErrCorrupt; an error that means
+// Redis could not be reached or answer in time wraps
+// storage.ErrUnavailable (see classify).
 func (s *Store) run(ctx context.Context, script *goredis.Script, key storage.Key, args ...any) (any, error) {
 	return s.runKey(ctx, script, s.keyName(key), args...)
 }
@@ -221,7 +223,7 @@ func (s *Store) runKey(ctx context.Context, script *goredis.Script, name string,
 		if goredis.HasErrorPrefix(err, "CORRUPT") {
 			return nil, fmt.Errorf("%w: %v", storage.ErrCorrupt, err)
 		}
-		return nil, err
+		return nil, classify(err)
 	}
 	return v, nil
 }

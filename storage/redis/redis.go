@@ -157,9 +157,9 @@ func (s *Store) Ping(ctx context.Context) error {
 		return s.invalid
 	}
 	if cc, ok := s.client.(*goredis.ClusterClient); ok {
-		return cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error { return c.Ping(ctx).Err() })
+		return classify(cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error { return c.Ping(ctx).Err() }))
 	}
-	return s.client.Ping(ctx).Err()
+	return classify(s.client.Ping(ctx).Err())
 }
 
 // keyName returns the Redis key of a record: the prefix and the hex of the
