@@ -3,6 +3,7 @@ package memory
 import (
 	"bytes"
 	"time"
+	"unsafe"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -36,6 +37,29 @@ type entry struct {
 	fpBuf [fpInline]byte
 }
 
+// mapSlot is what a record costs in its shard's map besides the entry: the
+// key (a recordID) and the pointer, at the 7/8 load factor Go's maps keep,
+// plus a control byte.
+const mapSlot = (int64(unsafe.Sizeof(recordID{}))+8)*8/7 + 1
+
+// entryCost is the footprint of an in-flight entry for a fingerprint of
+// fpLen bytes: the entry, its map slot and, when it does not fit inside
+// the entry, the fingerprint.
+func entryCost(fpLen int) int64 {
+	n := int64(unsafe.Sizeof(entry{})) + mapSlot
+	if fpLen > fpInline {
+		n += int64(fpLen)
+	}
+	return n
+}
+
+// footprint is what the store counts for e against MaxBytes: its
+// entryCost, plus the block holding the encoded response and detail of a
+// completed record.
+func (e *entry) footprint() int64 {
+	return entryCost(len(e.fp)) + int64(cap(e.resp)+cap(e.detail))
+}
+
 func newEntry(fp []byte, token storage.Token, now int64, lease time.Duration, scope scopeID) *entry {
 	e := &entry{
 		token:   token,
@@ -47,7 +71,7 @@ func newEntry(fp []byte, token storage.Token, now int64, lease time.Duration, sc
 	if len(fp) <= fpInline {
 		e.fp = e.fpBuf[:copy(e.fpBuf[:], fp)]
 	} else {
-		e.fp = bytes.Clone(fp)
+		e.fp = append(make([]byte, 0, len(fp)), fp...) // exactly entryCost's
 	}
 	return e
 }

@@ -46,7 +46,7 @@ func fill(t *testing.T, s *memory.Store, n int, lease time.Duration) []storage.T
 
 func TestMaxKeysRefusesNewKeysWhenAllLive(t *testing.T) {
 	ctx := t.Context()
-	s := memory.New(memory.Options{MaxKeys: 10})
+	s := memory.New(memory.Options{MaxKeys: 10, MaxKeysPerScope: -1})
 	defer s.Close()
 	toks := fill(t, s, 10, time.Minute)
 
@@ -73,7 +73,7 @@ func TestMaxKeysRefusesNewKeysWhenAllLive(t *testing.T) {
 func TestExpiredRecordsAreSweptToMakeRoom(t *testing.T) {
 	ctx := t.Context()
 	var clock memory.Clock
-	s := memory.NewWithClock(memory.Options{MaxKeys: 10}, &clock)
+	s := memory.NewWithClock(memory.Options{MaxKeys: 10, MaxKeysPerScope: -1}, &clock)
 	defer s.Close()
 	for i, tok := range fill(t, s, 10, time.Minute) {
 		if err := s.Complete(ctx, key(i), tok, &storage.Response{Status: 200}, 50*time.Millisecond); err != nil {

@@ -16,7 +16,7 @@ import (
 // recorded response; a Conflict carries the lease's times, never its token.
 func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
 	if lease <= 0 {
-		return storage.Reservation{}, fmt.Errorf("redis reserve: lease %v is not positive", lease)
+		return storage.Reservation{}, fmt.Errorf("redis reserve: %w: lease %v is not positive", storage.ErrInvalid, lease)
 	}
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
@@ -70,7 +70,7 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 // can leave the body out without parsing anything in Lua.
 func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
 	if ttl <= 0 {
-		return fmt.Errorf("redis complete: ttl %v is not positive", ttl)
+		return fmt.Errorf("redis complete: %w: ttl %v is not positive", storage.ErrInvalid, ttl)
 	}
 	// Refused before Redis is asked: the lease stays the caller's.
 	if err := storage.CheckResponse(resp); err != nil {
@@ -98,7 +98,7 @@ func (s *Store) Release(ctx context.Context, key storage.Key, token storage.Toke
 // Renew implements storage.Store in one round trip.
 func (s *Store) Renew(ctx context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
 	if lease <= 0 {
-		return fmt.Errorf("redis renew: lease %v is not positive", lease)
+		return fmt.Errorf("redis renew: %w: lease %v is not positive", storage.ErrInvalid, lease)
 	}
 	if token == 0 {
 		return storage.ErrLeaseLost
