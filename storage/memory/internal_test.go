@@ -87,7 +87,7 @@ func wakesWaiter(t *testing.T, act func(s *Store, key storage.Key)) {
 		t.Fatal(err)
 	}
 	woke := make(chan error, 1)
-	go func() { woke <- s.Wait(t.Context(), key, 5*time.Second) }()
+	go func() { woke <- s.Wait(t.Context(), key, time.Minute) }()
 	for !waiting(s, key) {
 		time.Sleep(time.Millisecond)
 	}
@@ -97,7 +97,7 @@ func wakesWaiter(t *testing.T, act func(s *Store, key storage.Key)) {
 		if err != nil {
 			t.Fatalf("Wait: %v", err)
 		}
-	case <-time.After(3 * time.Second): // well before maxWait
+	case <-time.After(20 * time.Second): // well before maxWait
 		t.Fatal("waiter not woken")
 	}
 	checkCount(t, s)
