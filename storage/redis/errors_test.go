@@ -148,7 +148,7 @@ func TestErrorsThatMeanUnreachableWrapErrUnavailable(t *testing.T) {
 			srv := redistest.StartServer(t)
 			admin := adminOf(t, srv.Addr)
 			admin.ConfigSet(t.Context(), "replica-serve-stale-data", "no")
-			if err := admin.SlaveOf(t.Context(), "127.0.0.1", "1").Err(); err != nil {
+			if err := admin.ReplicaOf(t.Context(), "127.0.0.1", "1").Err(); err != nil {
 				t.Fatal(err)
 			}
 			s, _ := classStore(t, srv.Addr, nil)
