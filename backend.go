@@ -212,6 +212,16 @@ func (b *pooledBackend) Cleanup() error {
 // the shared store is asked again.
 const defaultReplayCacheTTL = 10 * time.Second
 
+// The bounds of the replay cache's ttl. Below a second the cache saves
+// next to nothing (retries come seconds apart), and such a value is most
+// likely a unit mix-up (a JSON duration given as a bare number is
+// nanoseconds); beyond a day an instance may go on replaying a record
+// deleted elsewhere for longer than records are usually kept at all.
+const (
+	minReplayCacheTTL = time.Second
+	maxReplayCacheTTL = 24 * time.Hour
+)
+
 // ReplayCache keeps completed records in this Caddy process in front of a
 // shared store (Redis, PostgreSQL), so that repeated replays of a key cost
 // no store round trip. Completed records never change, so a cached replay
@@ -223,7 +233,7 @@ type ReplayCache struct {
 	MaxEntries int `json:"max_entries,omitempty"`
 
 	// How long a cached record is served before the store is asked again
-	// (never beyond the record's own expiry). Default: 10s.
+	// (never beyond the record's own expiry). Default: 10s; 1s to 24h.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 }
 
@@ -246,8 +256,10 @@ func (rc *ReplayCache) check(prefix string) error {
 		return nil
 	case rc.MaxEntries <= 0:
 		return fmt.Errorf("%s: replay_cache: max_entries must be positive, got %d", prefix, rc.MaxEntries)
-	case rc.TTL < 0:
-		return fmt.Errorf("%s: replay_cache: ttl must be positive, got %s", prefix, time.Duration(rc.TTL))
+	case rc.TTL != 0 && rc.TTL < caddy.Duration(minReplayCacheTTL):
+		return fmt.Errorf("%s: replay_cache: ttl must be at least %s, got %s", prefix, minReplayCacheTTL, time.Duration(rc.TTL))
+	case rc.TTL > caddy.Duration(maxReplayCacheTTL):
+		return fmt.Errorf("%s: replay_cache: ttl must be at most %s, got %s", prefix, maxReplayCacheTTL, time.Duration(rc.TTL))
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/dustin/go-humanize"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
@@ -24,13 +25,22 @@ type MemoryStorage struct {
 	// key get 503 (live records are never evicted). Default: 1000000.
 	MaxKeys int `json:"max_keys,omitempty"`
 
-	// The most records one client (one scope) holds at once, so that no
-	// client can fill the store for the others. A client at the limit
-	// gets 429 for new keys until some of its records expire (they stop
-	// counting when the store's janitor frees them, once a minute); other
-	// clients are unaffected. Raise it for clients that legitimately send
-	// more keyed requests per ttl, such as a server-to-server integration
-	// under one credential. Default: 10000.
+	// The most bytes the records take at once: each record's entry,
+	// fingerprint, recorded response and request detail. Full by bytes is
+	// full like max_keys (503 for new keys). A response recorded when
+	// there is no room left for its body keeps its status and headers,
+	// as one larger than max_response_size does. Default: 1GiB.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+
+	// One client's (one scope's) share of the store: this many records,
+	// and the same fraction of max_bytes. It binds only while the store
+	// holds half of max_keys or half of max_bytes: until then one client
+	// may take what it needs. Past it, that client gets 429 for new keys
+	// (until some of its records expire and the store's janitor frees
+	// them, once a minute), and its responses are recorded without their
+	// bodies; other clients are served up to their own share. So one
+	// client never takes much more than half the store. Default: a tenth
+	// of max_keys.
 	MaxKeysPerScope int `json:"max_keys_per_scope,omitempty"`
 
 	pooledBackend
@@ -49,14 +59,9 @@ func (m *MemoryStorage) Provision(ctx caddy.Context) error {
 	if err := m.check(); err != nil {
 		return err
 	}
-	opts := memory.Options{MaxKeys: m.MaxKeys, MaxKeysPerScope: m.MaxKeysPerScope}
-	if opts.MaxKeys == 0 {
-		opts.MaxKeys = memory.DefaultMaxKeys
-	}
-	if opts.MaxKeysPerScope == 0 {
-		opts.MaxKeysPerScope = memory.DefaultMaxKeysPerScope
-	}
-	where := fmt.Sprintf("this process (max_keys %d, max_keys_per_scope %d)", opts.MaxKeys, opts.MaxKeysPerScope)
+	opts := memory.Options{MaxKeys: m.MaxKeys, MaxBytes: m.MaxBytes, MaxKeysPerScope: m.MaxKeysPerScope}.WithDefaults()
+	where := fmt.Sprintf("this process (max_keys %d, max_bytes %s, max_keys_per_scope %d)",
+		opts.MaxKeys, humanize.IBytes(uint64(opts.MaxBytes)), opts.MaxKeysPerScope)
 	return m.acquire(ctx.Logger(), "memory", opts, where, func() (storage.Store, error) { return memory.New(opts), nil })
 }
 
@@ -67,14 +72,22 @@ func (m *MemoryStorage) check() error {
 		return fmt.Errorf("memory storage: max_keys must be positive, got %d", m.MaxKeys)
 	case m.MaxKeysPerScope < 0:
 		return fmt.Errorf("memory storage: max_keys_per_scope must be positive, got %d", m.MaxKeysPerScope)
+	case m.MaxBytes != 0 && m.MaxBytes < minMemoryBytes:
+		return fmt.Errorf("memory storage: max_bytes must be at least %s, got %d", humanize.IBytes(minMemoryBytes), m.MaxBytes)
 	}
 	return nil
 }
+
+// minMemoryBytes is the least max_bytes: below a megabyte a handful of
+// responses fill the store, and such a value is most likely a unit
+// mix-up (max_bytes is in bytes).
+const minMemoryBytes = 1 << 20
 
 // UnmarshalCaddyfile parses
 //
 //	storage memory {
 //	    max_keys <n>
+//	    max_bytes <size>
 //	    max_keys_per_scope <n>
 //	}
 func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -88,6 +101,8 @@ func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return intArg(d, &m.MaxKeys)
 		case "max_keys_per_scope":
 			return intArg(d, &m.MaxKeysPerScope)
+		case "max_bytes":
+			return sizeArg(d, &m.MaxBytes)
 		}
 		return d.Errf("unrecognized memory storage option '%s'", opt)
 	}, m.check)

@@ -93,19 +93,21 @@ type RedisStorage struct {
 
 	// Starts the name of every key and pub/sub channel this storage uses.
 	// Handlers with different prefixes never see each other's records.
-	// Default: "idempotency:".
+	// Must not contain '{' or '}': on Redis Cluster that would be a hash
+	// tag putting every record in one slot. Default: "idempotency:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// The most connections per Redis node. Default: go-redis's, ten per
 	// CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 
-	// How long opening one connection may take. Default: 1s.
+	// How long opening one connection may take. Default: 1s; 10ms to 1m.
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 
 	// How long one store operation may take, connecting and retries
 	// included, before the request gets the on_storage_error treatment.
-	// Also the read and write timeout of each command. Default: 2s.
+	// Also the read and write timeout of each command. Default: 2s; 10ms
+	// to 1m.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	// Keep completed records in this process too, so that replays skip
@@ -206,6 +208,9 @@ func (r *RedisStorage) check() error {
 		}
 	}
 	if err := o.Check(); err != nil {
+		return err
+	}
+	if err := (redisstore.Options{KeyPrefix: r.KeyPrefix}).Check(); err != nil {
 		return err
 	}
 	return r.ReplayCache.check("redis storage")

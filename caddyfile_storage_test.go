@@ -145,6 +145,14 @@ func TestRedisCaddyfileErrors(t *testing.T) {
 		{"timeout negative", []string{"storage redis {", "\ttimeout -1s", "}"}, 4, []string{"timeout", "must be positive", "'-1s'"}},
 		{"timeout without value", []string{"storage redis {", "\ttimeout", "}"}, 4, []string{"wrong argument count", "'timeout'"}},
 		{"block after timeout", []string{"storage redis {", "\ttimeout 1s {", "\t}", "}"}, 4, []string{"'{'"}},
+		{"timeout below the floor", []string{"storage redis {", "\ttimeout 2ns", "}"}, 4, []string{"redis storage: timeout must be at least 10ms, got 2ns"}},
+		{"timeout above the ceiling", []string{"storage redis {", "\ttimeout 2h", "}"}, 4, []string{"redis storage: timeout must be at most 1m0s, got 2h0m0s"}},
+		{"dial_timeout below the floor", []string{"storage redis {", "\tkey_prefix k:", "\tdial_timeout 1ms", "}"}, 5, []string{"redis storage: dial_timeout must be at least 10ms, got 1ms"}},
+		{"dial_timeout that overflows a doubling", []string{"storage redis {", "\tdial_timeout 60000d", "}"}, 4, []string{"redis storage: dial_timeout must be at most 1m0s"}},
+		{"key_prefix with a hash tag", []string{"storage redis {", "\tkey_prefix app:{tenant}:", "}"}, 4, []string{"key_prefix must not contain '{' or '}'", "hash tag", `"app:{tenant}:"`}},
+		{"key_prefix with a closing brace", []string{"storage redis {", "\tkey_prefix app}", "}"}, 4, []string{"key_prefix must not contain"}},
+		{"replay_cache ttl below the floor", []string{"storage redis {", "\treplay_cache 100 2ns", "}"}, 4, []string{"redis storage: replay_cache: ttl must be at least 1s, got 2ns"}},
+		{"replay_cache ttl above the ceiling", []string{"storage redis {", "\treplay_cache 100 106751d", "}"}, 4, []string{"redis storage: replay_cache: ttl must be at most 24h0m0s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

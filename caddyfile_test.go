@@ -72,6 +72,11 @@ func TestCaddyfileOptions(t *testing.T) {
 			want:  idempotency.Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":1000}`)},
 		},
 		{
+			name:  "storage memory max_bytes",
+			input: "idempotency {\n\tstorage memory {\n\t\tmax_bytes 256MiB\n\t\tmax_keys 1000\n\t}\n}",
+			want:  idempotency.Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_bytes":268435456,"max_keys":1000}`)},
+		},
+		{
 			name:  "storage memory max_keys_per_scope",
 			input: "idempotency {\n\tstorage memory {\n\t\tmax_keys 1000\n\t\tmax_keys_per_scope 50\n\t}\n}",
 			want:  idempotency.Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":1000,"max_keys_per_scope":50}`)},
@@ -503,6 +508,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		{name: "ttl 999ms", body: []string{"lock_timeout 5s", "ttl 999ms"}, line: 4, want: []string{"ttl", "at least 1s", "999ms"}},
 		{name: "scope blank", body: []string{"scope \" \""}, line: 3, want: []string{"scope", "blank"}},
 		{name: "memory max_keys_per_scope zero", body: []string{"storage memory {", "\tmax_keys_per_scope 0", "}"}, line: 4, want: []string{"max_keys_per_scope", "positive integer", "'0'"}},
+		{name: "memory max_bytes not a size", body: []string{"storage memory {", "\tmax_bytes lots", "}"}, line: 4, want: []string{"max_bytes", "size", "'lots'"}},
+		{name: "memory max_bytes below a megabyte", body: []string{"storage memory {", "\tmax_keys 10", "\tmax_bytes 64KiB", "}"}, line: 5, want: []string{"memory storage: max_bytes must be at least 1.0 MiB, got 65536"}},
+		{name: "duplicate memory max_bytes", body: []string{"storage memory {", "\tmax_bytes 1GiB", "\tmax_bytes 2GiB", "}"}, line: 5, want: []string{"max_bytes", "already specified"}},
 
 		// release_on.
 		{name: "release_on 6xx", body: []string{"release_on 6xx"}, line: 3, want: []string{"release_on", `"6xx"`}},

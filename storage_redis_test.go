@@ -53,6 +53,14 @@ func TestRedisConfigResolvesPlaceholdersAndRejectsConflicts(t *testing.T) {
 		{name: "negative pool_size", in: RedisStorage{PoolSize: -1}, wantErr: "pool_size"},
 		{name: "negative timeout", in: RedisStorage{Timeout: -1}, wantErr: "timeout"},
 		{name: "negative dial_timeout", in: RedisStorage{DialTimeout: -1}, wantErr: "dial_timeout"},
+		// JSON durations given as bare numbers are nanoseconds.
+		{name: "timeout in nanoseconds", in: RedisStorage{Timeout: 2}, wantErr: "redis storage: timeout must be at least 10ms, got 2ns"},
+		{name: "dial_timeout in nanoseconds", in: RedisStorage{DialTimeout: 500}, wantErr: "redis storage: dial_timeout must be at least 10ms, got 500ns"},
+		{name: "timeout near the int64 limit", in: RedisStorage{Timeout: 1<<63 - 1}, wantErr: "redis storage: timeout must be at most 1m0s"},
+		{name: "replay_cache ttl in nanoseconds", in: RedisStorage{ReplayCache: &ReplayCache{MaxEntries: 10, TTL: 10}}, wantErr: "redis storage: replay_cache: ttl must be at least 1s, got 10ns"},
+		{name: "replay_cache ttl near the int64 limit", in: RedisStorage{ReplayCache: &ReplayCache{MaxEntries: 10, TTL: 1<<63 - 1}}, wantErr: "redis storage: replay_cache: ttl must be at most 24h0m0s"},
+		{name: "key_prefix with a hash tag", in: RedisStorage{KeyPrefix: "{idem}:"}, wantErr: "redis storage: key_prefix must not contain '{' or '}'"},
+		{name: "key_prefix from a placeholder", in: RedisStorage{KeyPrefix: "{env.IDEM_TEST_REDIS_URL}"}, wantErr: "key_prefix must not contain"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -168,6 +176,28 @@ func TestRedisProvisionSharesOneClient(t *testing.T) {
 	}
 	if err := d.Cleanup(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestRedisDurationsInNanosecondsAreConfigErrors: a JSON config that
+// gives a duration as a bare number means nanoseconds; "timeout": 2 used
+// to load and then answer 503 to every request.
+func TestRedisDurationsInNanosecondsAreConfigErrors(t *testing.T) {
+	for field, want := range map[string]string{
+		`"timeout": 2`:         "redis storage: timeout must be at least 10ms, got 2ns",
+		`"dial_timeout": 1000`: "redis storage: dial_timeout must be at least 10ms, got 1µs",
+		`"replay_cache": {"max_entries": 10, "ttl": 30}`: "redis storage: replay_cache: ttl must be at least 1s, got 30ns",
+		`"key_prefix": "{shop}:"`:                        "redis storage: key_prefix must not contain",
+	} {
+		ctx, _ := caddyContext(t)
+		h := handlerFromJSON(t, `{"storage":{"backend":"redis",`+field+`}}`)
+		err := tryProvision(t, ctx, h)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: Provision error %v, want one containing %q", field, err, want)
+		}
+		if err := h.Cleanup(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -161,7 +161,8 @@ func TestStoreDownAtProvisionFollowsOnStorageError(t *testing.T) {
 }
 
 func TestStoreFullAnswers503AndKeepsLiveKeys(t *testing.T) {
-	h := provision(t, &Handler{StorageRaw: []byte(`{"backend":"memory","max_keys":2}`)})
+	// One client's share is the whole store: full, not past a share.
+	h := provision(t, &Handler{StorageRaw: []byte(`{"backend":"memory","max_keys":2,"max_keys_per_scope":2}`)})
 	up := &upstream{}
 	serve(h, up, request("a", "{}"))
 	serve(h, up, request("b", "{}"))

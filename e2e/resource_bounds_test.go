@@ -115,12 +115,13 @@ func TestAnnouncedBodiesThatNeverComeDoNotHoldMemory(t *testing.T) {
 	}
 }
 
-// max_keys_per_scope bounds the keys one client (one scope) holds in the
-// memory store: past it, a new key is refused with 429; the client's
-// keys still replay, and other clients are not affected.
+// max_keys_per_scope is one client's (one scope's) share of the memory
+// store once it holds half of max_keys: past it, a new key is refused
+// with 429; the client's keys still replay, and other clients are not
+// affected.
 func TestMemoryStoreBoundsKeysPerClient(t *testing.T) {
 	up := newUpstream(t)
-	inst := startCaddy(t, "caddy", site{routes: route(up, "storage memory {\n\tmax_keys_per_scope 5\n}")})
+	inst := startCaddy(t, "caddy", site{routes: route(up, "storage memory {\n\tmax_keys 10\n\tmax_keys_per_scope 5\n}")})
 	u := inst.URL()
 	one := []string{"Authorization", "Bearer one"}
 	two := []string{"Authorization", "Bearer two"}

@@ -58,7 +58,9 @@ func uvarintLen(x uint64) int {
 
 // DecodeResponse decodes an encoding made by AppendResponse. The returned
 // Body, header names and header values alias b (a replay then copies
-// nothing), so b must not be modified afterwards.
+// nothing), so b must not be modified afterwards. A status that
+// ValidStatus refuses is an error wrapping ErrCorrupt: such a record
+// could not be replayed, so it must never be read as one.
 func DecodeResponse(b []byte) (*Response, error) {
 	if len(b) < 2 {
 		return nil, fmt.Errorf("%w: %d bytes", ErrCorrupt, len(b))
@@ -69,7 +71,7 @@ func DecodeResponse(b []byte) (*Response, error) {
 	r := &Response{BodyOmitted: b[1]&flagBodyOmitted != 0}
 	d := decoder{b: b[2:]}
 	status := d.uvarint()
-	if d.err == nil && (status < 100 || status > 999) {
+	if d.err == nil && !ValidStatus(int(min(status, 1000))) {
 		d.fail("status %d", status)
 	}
 	r.Status = int(status)

@@ -45,8 +45,8 @@ func FuzzDecodeResponse(f *testing.F) {
 			}
 			return
 		}
-		if r.Status < 100 || r.Status > 999 {
-			t.Fatalf("decoded status %d", r.Status)
+		if !ValidStatus(r.Status) {
+			t.Fatalf("decoded status %d, which no record may hold", r.Status)
 		}
 		again, err := DecodeResponse(AppendResponse(nil, r))
 		if err != nil {
@@ -60,13 +60,17 @@ func FuzzDecodeResponse(f *testing.F) {
 
 // FuzzAppendDecodeRoundTrip encodes responses built from fuzzed parts
 // (headers as "name: value" lines) and checks that they decode to what
-// went in, after whatever dst already held.
+// went in, after whatever dst already held; a status ValidStatus refuses
+// (an interim 1xx, 42, 1000) must fail to decode with ErrCorrupt instead.
 func FuzzAppendDecodeRoundTrip(f *testing.F) {
 	f.Add([]byte(nil), uint16(201), false, "Content-Type: application/json\nX-Order: 42", []byte(`{"order":42}`))
 	f.Add([]byte("prefix"), uint16(500), true, "Set-Cookie: a=1\nSet-Cookie: b=2\nEmpty", []byte{})
 	f.Add([]byte{codecVersion}, uint16(0), false, ":\n:\n\n", []byte{0, 0xff})
+	f.Add([]byte(nil), uint16(42), false, "", []byte("x"))
+	f.Add([]byte(nil), uint16(199), false, "", []byte(nil))
+	f.Add([]byte(nil), uint16(1000), true, "", []byte(nil))
 	f.Fuzz(func(t *testing.T, dst []byte, status uint16, omitted bool, header string, body []byte) {
-		in := &Response{Status: 100 + int(status)%900, BodyOmitted: omitted, Body: body}
+		in := &Response{Status: int(status), BodyOmitted: omitted, Body: body}
 		if header != "" {
 			in.Header = make(http.Header)
 			for line := range strings.SplitSeq(header, "\n") {
@@ -87,6 +91,12 @@ func FuzzAppendDecodeRoundTrip(f *testing.F) {
 			t.Fatalf("AppendResponse changed what dst held")
 		}
 		out, err := DecodeResponse(enc[len(prefix):])
+		if !ValidStatus(in.Status) {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("decoding status %d: %+v, %v; want an error wrapping ErrCorrupt", in.Status, out, err)
+			}
+			return
+		}
 		if err != nil {
 			t.Fatalf("decoding %+v: %v", in, err)
 		}

@@ -69,9 +69,15 @@ func TestEntriesNeverOutliveTheRecordOrTheTTL(t *testing.T) {
 	inner := &counting{Store: memory.New(memory.Options{})}
 	s := cache.New(inner, cache.Options{MaxEntries: 100, TTL: time.Hour})
 	short := storage.Key{Scope: "s", ID: "short"}
-	complete(t, s, short, "fp", 200*time.Millisecond)
-	s.Reserve(context.Background(), short, []byte("fp"), time.Minute) // cached now
-	time.Sleep(400 * time.Millisecond)
+	// The record lives long enough that no stall of a busy machine comes
+	// between its completion and the replay that caches it.
+	const ttl = 2 * time.Second
+	start := time.Now()
+	complete(t, s, short, "fp", ttl)
+	if res, err := s.Reserve(context.Background(), short, []byte("fp"), time.Minute); err != nil || res.Outcome != storage.Replay {
+		t.Fatalf("replay %v after completing for %v: %v %v", time.Since(start), ttl, res.Outcome, err)
+	} // cached now
+	time.Sleep(time.Until(start.Add(ttl + 200*time.Millisecond)))
 	res, err := s.Reserve(context.Background(), short, []byte("fp"), time.Minute)
 	if err != nil || res.Outcome != storage.Acquired {
 		t.Fatalf("after the record expired: %v %v, want Acquired", res.Outcome, err)

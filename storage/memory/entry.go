@@ -2,6 +2,8 @@ package memory
 
 import (
 	"bytes"
+	"time"
+	"unsafe"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -35,18 +37,41 @@ type entry struct {
 	fpBuf [fpInline]byte
 }
 
-func newEntry(fp []byte, token storage.Token, now, ttl int64, scope scopeID) *entry {
+// mapSlot is what a record costs in its shard's map besides the entry: the
+// key (a recordID) and the pointer, at the 7/8 load factor Go's maps keep,
+// plus a control byte.
+const mapSlot = (int64(unsafe.Sizeof(recordID{}))+8)*8/7 + 1
+
+// entryCost is the footprint of an in-flight entry for a fingerprint of
+// fpLen bytes: the entry, its map slot and, when it does not fit inside
+// the entry, the fingerprint.
+func entryCost(fpLen int) int64 {
+	n := int64(unsafe.Sizeof(entry{})) + mapSlot
+	if fpLen > fpInline {
+		n += int64(fpLen)
+	}
+	return n
+}
+
+// footprint is what the store counts for e against MaxBytes: its
+// entryCost, plus the block holding the encoded response and detail of a
+// completed record.
+func (e *entry) footprint() int64 {
+	return entryCost(len(e.fp)) + int64(cap(e.resp)+cap(e.detail))
+}
+
+func newEntry(fp []byte, token storage.Token, now int64, lease time.Duration, scope scopeID) *entry {
 	e := &entry{
 		token:   token,
 		created: now,
-		expires: now + ttl,
+		expires: after(now, lease),
 		scope:   scope,
 	}
 	// Copy: callers may reuse their slice once Reserve returns.
 	if len(fp) <= fpInline {
 		e.fp = e.fpBuf[:copy(e.fpBuf[:], fp)]
 	} else {
-		e.fp = bytes.Clone(fp)
+		e.fp = append(make([]byte, 0, len(fp)), fp...) // exactly entryCost's
 	}
 	return e
 }
@@ -93,12 +118,15 @@ func (s *Store) reservation(e *entry, fp []byte) storage.Reservation {
 }
 
 // completed decodes the record of a completed entry. The body and the
-// fingerprint alias the entry, which never changes them.
-func (s *Store) completed(e *entry, withBody bool) *storage.Record {
+// fingerprint alias the entry, which never changes them. The store encoded
+// the record itself and Complete refuses what could not be decoded, so an
+// error means memory was corrupted or a bug: it is reported as an error
+// wrapping storage.ErrCorrupt, never a panic, so that one bad record
+// costs its own requests and nothing else.
+func (s *Store) completed(e *entry, withBody bool) (*storage.Record, error) {
 	resp, err := storage.DecodeResponse(e.resp)
 	if err != nil {
-		// The store encoded it itself: this cannot happen.
-		panic("memory: corrupt record: " + err.Error())
+		return nil, err
 	}
 	if !withBody {
 		resp.Body = nil
@@ -110,5 +138,5 @@ func (s *Store) completed(e *entry, withBody bool) *storage.Record {
 		CreatedAt:   s.at(e.created),
 		ExpiresAt:   s.at(e.expires),
 		Detail:      e.detail,
-	}
+	}, nil
 }

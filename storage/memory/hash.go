@@ -1,8 +1,10 @@
 package memory
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
+	"fmt"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -14,9 +16,15 @@ var _ storage.HashFinder = (*Store)(nil)
 // the Hash is.
 func (s *Store) GetByHash(_ context.Context, hash string, withBody bool) ([]*storage.Record, error) {
 	var out []*storage.Record
+	var err error
 	s.eachByHash(hash, func(sh *shard, id recordID, e *entry) {
 		if e.resp != nil {
-			out = append(out, s.completed(e, withBody))
+			rec, cerr := s.completed(e, withBody)
+			if cerr != nil {
+				err = cmp.Or(err, fmt.Errorf("memory: get by hash: %w", cerr))
+				return
+			}
+			out = append(out, rec)
 			return
 		}
 		out = append(out, &storage.Record{
@@ -27,6 +35,9 @@ func (s *Store) GetByHash(_ context.Context, hash string, withBody bool) ([]*sto
 			ExpiresAt:   s.at(e.expires),
 		})
 	})
+	if err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 

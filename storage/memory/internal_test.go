@@ -30,18 +30,50 @@ func waiting(s *Store, key storage.Key) bool {
 	return e != nil && e.done != nil
 }
 
-// checkCount fails unless the record count matches the shards' contents.
+// checkCount fails unless the record count, the bytes and the per-scope
+// counts match the shards' contents. The store must be idle.
 func checkCount(t *testing.T, s *Store) {
 	t.Helper()
-	n := 0
+	n, bytes := 0, int64(0)
+	scopes := make(map[scopeID]scopeUse)
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		n += len(sh.m)
+		for _, e := range sh.m {
+			bytes += e.footprint()
+			u := scopes[e.scope]
+			u.n++
+			u.bytes += e.footprint()
+			scopes[e.scope] = u
+		}
 		sh.mu.Unlock()
 	}
 	if got := s.Len(); got != n {
 		t.Fatalf("Len = %d, shards hold %d", got, n)
+	}
+	if got := s.Bytes(); got != bytes {
+		t.Fatalf("Bytes = %d, the shards' records take %d", got, bytes)
+	}
+	if s.maxScope == 0 {
+		return
+	}
+	counted := make(map[scopeID]scopeUse)
+	for i := range s.scopes {
+		sc := &s.scopes[i]
+		sc.mu.Lock()
+		for id, u := range sc.m {
+			counted[id] = u
+		}
+		sc.mu.Unlock()
+	}
+	if len(counted) != len(scopes) {
+		t.Fatalf("%d scopes counted, records of %d held", len(counted), len(scopes))
+	}
+	for id, u := range scopes {
+		if counted[id] != u {
+			t.Fatalf("scope %x counted %+v, holds %+v", id, counted[id], u)
+		}
 	}
 }
 
@@ -55,7 +87,7 @@ func wakesWaiter(t *testing.T, act func(s *Store, key storage.Key)) {
 		t.Fatal(err)
 	}
 	woke := make(chan error, 1)
-	go func() { woke <- s.Wait(t.Context(), key, 5*time.Second) }()
+	go func() { woke <- s.Wait(t.Context(), key, time.Minute) }()
 	for !waiting(s, key) {
 		time.Sleep(time.Millisecond)
 	}
@@ -65,7 +97,7 @@ func wakesWaiter(t *testing.T, act func(s *Store, key storage.Key)) {
 		if err != nil {
 			t.Fatalf("Wait: %v", err)
 		}
-	case <-time.After(3 * time.Second): // well before maxWait
+	case <-time.After(20 * time.Second): // well before maxWait
 		t.Fatal("waiter not woken")
 	}
 	checkCount(t, s)

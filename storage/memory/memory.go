@@ -3,11 +3,33 @@
 //
 // Records are held in a sharded map, one mutex per shard, so requests for
 // different keys rarely contend. Expired records and lapsed leases count as
-// absent at once; a janitor goroutine frees their memory later. The number of
-// records is bounded by Options.MaxKeys: when full, expired records are swept
-// first, and if that does not help Reserve fails with storage.ErrFull. A live
-// record is never evicted, because forgetting one would let a retry run a
-// second time.
+// absent at once; a janitor goroutine frees their memory later. The records
+// are bounded in number (Options.MaxKeys) and in bytes (Options.MaxBytes):
+// when full, expired records are swept first, and if that does not help
+// Reserve fails with storage.ErrFull. A live record is never evicted,
+// because forgetting one would let a retry run a second time.
+//
+// # One client among many
+//
+// So that one client (one scope) cannot deny service to the others, a
+// scope gets a share of the store: Options.MaxKeysPerScope records
+// (default a tenth of MaxKeys) and the same fraction of MaxBytes. The
+// share binds only once the store is under pressure, holding half of
+// MaxKeys or half of MaxBytes: until then a heavy client takes what it
+// needs, since nobody else is short of room. Under pressure a scope past
+// its share gets storage.ErrScopeFull for new keys, and its completions
+// keep status and headers without the body (as a response too large to
+// record is kept); other scopes go on up to their own share. So one scope
+// never holds much more than half the store, and the others always have
+// the rest.
+//
+// Bytes are counted when they are taken: an entry when its key is
+// reserved, the encoded response and detail when it is completed. A
+// completion is never refused (the request ran; refusing its record would
+// let a retry run it again): one that would take the store beyond
+// MaxBytes keeps status and headers without the body, so MaxBytes is
+// exceeded at most by the status lines and headers of the responses being
+// recorded at that moment.
 //
 // A completed response is kept in storage's binary encoding, one
 // pointer-free block per record, so that a store of a million records adds
@@ -30,10 +52,20 @@ import (
 
 // Defaults used for Options fields that are zero or negative.
 const (
-	DefaultMaxKeys         = 1_000_000
-	DefaultMaxKeysPerScope = 10_000
+	DefaultMaxKeys = 1_000_000
+	// DefaultMaxBytes (1 GiB) holds the default MaxKeys of typical API
+	// records (a few hundred bytes of entry and headers plus a body of a
+	// few hundred bytes) with room to spare, so that with small responses
+	// MaxKeys binds first; with large ones (up to the Caddy module's
+	// default max_response_size of 1 MiB) it stops a few thousand records
+	// from taking the memory of the machine.
+	DefaultMaxBytes        = 1 << 30
 	DefaultJanitorInterval = time.Minute
 )
+
+// DefaultScopeShare is the fraction of MaxKeys that MaxKeysPerScope
+// defaults to: a tenth.
+const DefaultScopeShare = 10
 
 // numShards is a power of two so a hash picks a shard with a mask. 64 shards
 // keep lock contention low on machines with dozens of cores while costing
@@ -49,11 +81,15 @@ const minSweepGap = 100 * time.Millisecond
 type Options struct {
 	// MaxKeys bounds the records held, expired or not (default 1000000).
 	MaxKeys int
-	// MaxKeysPerScope bounds the records one scope (one client) holds,
-	// expired or not, so that no client can fill the store for the others
-	// (default 10000; negative: no bound). A scope at its bound gets
-	// storage.ErrScopeFull for new keys until the janitor frees its
-	// expired records.
+	// MaxBytes bounds the bytes the records take, expired or not: each
+	// record's entry, fingerprint, encoded response and detail (default
+	// DefaultMaxBytes). See the package documentation.
+	MaxBytes int64
+	// MaxKeysPerScope is a scope's (one client's) share of the store:
+	// this many records, and the same fraction of MaxBytes, once the store
+	// is under pressure (see the package documentation); default MaxKeys
+	// divided by DefaultScopeShare; negative: no share, one scope may fill
+	// the store. Expired records count until the janitor frees them.
 	MaxKeysPerScope int
 	// JanitorInterval is how often expired records are deleted
 	// (default 1 minute).
@@ -65,14 +101,19 @@ type Options struct {
 type Store struct {
 	// base anchors all times to the monotonic clock: entries keep
 	// nanoseconds since base, so wall-clock jumps never expire or revive a
-	// record, and entries hold no pointers for times.
-	base     time.Time
-	max      int64
-	maxScope int32        // per scope; 0: unbounded
-	count    atomic.Int64 // records held across all shards
-	shards   [numShards]shard
-	scopes   [numShards]scopeShard
-	seed     maphash.Seed // for scope ids
+	// record, and entries hold no pointers for times. elapsed is the
+	// clock (time.Since(base); tests set their own).
+	base          time.Time
+	elapsed       func() time.Duration
+	max           int64
+	maxBytes      int64
+	maxScope      int32        // a scope's share of records; 0: no share
+	maxScopeBytes int64        // a scope's share of bytes
+	count         atomic.Int64 // records held across all shards
+	bytes         atomic.Int64 // their footprint (see entry.footprint)
+	shards        [numShards]shard
+	scopes        [numShards]scopeShard
+	seed          maphash.Seed // for scope ids
 
 	sweepMu   sync.Mutex // one sweep at a time
 	lastSweep int64      // guarded by sweepMu; nanoseconds since base
@@ -104,23 +145,26 @@ var (
 // New returns a Store and starts its janitor goroutine; call Close to stop
 // it.
 func New(opts Options) *Store {
-	if opts.MaxKeys <= 0 {
-		opts.MaxKeys = DefaultMaxKeys
-	}
-	if opts.JanitorInterval <= 0 {
-		opts.JanitorInterval = DefaultJanitorInterval
-	}
-	switch {
-	case opts.MaxKeysPerScope == 0:
-		opts.MaxKeysPerScope = DefaultMaxKeysPerScope
-	case opts.MaxKeysPerScope < 0 || opts.MaxKeysPerScope > math.MaxInt32:
+	base := time.Now()
+	return newStore(opts, base, func() time.Duration { return time.Since(base) })
+}
+
+// newStore is New on the clock elapsed, which tells the time since base
+// (tests pass a clock they move by hand).
+func newStore(opts Options, base time.Time, elapsed func() time.Duration) *Store {
+	opts = opts.WithDefaults()
+	if opts.MaxKeysPerScope < 0 || opts.MaxKeysPerScope > math.MaxInt32 {
 		opts.MaxKeysPerScope = 0
 	}
 	s := &Store{
-		base:     time.Now(),
+		base:     base,
+		elapsed:  elapsed,
 		max:      int64(opts.MaxKeys),
+		maxBytes: opts.MaxBytes,
 		maxScope: int32(opts.MaxKeysPerScope),
-		seed:     maphash.MakeSeed(),
+		// The same fraction of the bytes as of the records.
+		maxScopeBytes: int64(float64(opts.MaxBytes) * min(1, float64(opts.MaxKeysPerScope)/float64(opts.MaxKeys))),
+		seed:          maphash.MakeSeed(),
 		// The first full store may sweep at once.
 		lastSweep:   -int64(minSweepGap),
 		stop:        make(chan struct{}),
@@ -128,10 +172,28 @@ func New(opts Options) *Store {
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[recordID]*entry)
-		s.scopes[i].m = make(map[scopeID]int32)
+		s.scopes[i].m = make(map[scopeID]scopeUse)
 	}
 	go s.janitor(opts.JanitorInterval)
 	return s
+}
+
+// WithDefaults returns o with its zero and negative fields set to their
+// defaults (a negative MaxKeysPerScope stays: no share).
+func (o Options) WithDefaults() Options {
+	if o.MaxKeys <= 0 {
+		o.MaxKeys = DefaultMaxKeys
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = DefaultMaxBytes
+	}
+	if o.MaxKeysPerScope == 0 {
+		o.MaxKeysPerScope = max(1, o.MaxKeys/DefaultScopeShare)
+	}
+	if o.JanitorInterval <= 0 {
+		o.JanitorInterval = DefaultJanitorInterval
+	}
+	return o
 }
 
 // Close stops the janitor and waits for it to return. It is idempotent and
@@ -149,14 +211,11 @@ func (s *Store) Len() int {
 	return int(s.count.Load())
 }
 
-// now returns the monotonic time in nanoseconds since s.base.
-func (s *Store) now() int64 {
-	return int64(time.Since(s.base))
-}
-
-// at converts a time from s.now back to a time.Time.
-func (s *Store) at(ns int64) time.Time {
-	return s.base.Add(time.Duration(ns))
+// Bytes returns the bytes the records take as the store counts them
+// against MaxBytes, expired or not yet swept included. It is meant for
+// tests and metrics.
+func (s *Store) Bytes() int64 {
+	return s.bytes.Load()
 }
 
 // recordID names a record inside the store: its key's Digest. Maps keyed

@@ -46,7 +46,7 @@ func fill(t *testing.T, s *memory.Store, n int, lease time.Duration) []storage.T
 
 func TestMaxKeysRefusesNewKeysWhenAllLive(t *testing.T) {
 	ctx := t.Context()
-	s := memory.New(memory.Options{MaxKeys: 10})
+	s := memory.New(memory.Options{MaxKeys: 10, MaxKeysPerScope: -1})
 	defer s.Close()
 	toks := fill(t, s, 10, time.Minute)
 
@@ -72,14 +72,15 @@ func TestMaxKeysRefusesNewKeysWhenAllLive(t *testing.T) {
 
 func TestExpiredRecordsAreSweptToMakeRoom(t *testing.T) {
 	ctx := t.Context()
-	s := memory.New(memory.Options{MaxKeys: 10})
+	var clock memory.Clock
+	s := memory.NewWithClock(memory.Options{MaxKeys: 10, MaxKeysPerScope: -1}, &clock)
 	defer s.Close()
 	for i, tok := range fill(t, s, 10, time.Minute) {
 		if err := s.Complete(ctx, key(i), tok, &storage.Response{Status: 200}, 50*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(150 * time.Millisecond)
+	clock.Advance(50 * time.Millisecond)
 
 	// Taking over an expired key replaces it without needing room.
 	if res, err := s.Reserve(ctx, key(0), fp, time.Minute); err != nil || res.Outcome != storage.Acquired {
@@ -98,16 +99,25 @@ func TestExpiredRecordsAreSweptToMakeRoom(t *testing.T) {
 	}
 }
 
+// TestJanitorRemovesExpiredRecords runs the janitor goroutine on a clock
+// the test moves: the leases lapse only when the test says so (a busy
+// machine once let 30 ms leases lapse before the Complete below, and the
+// janitor swept the record it was meant to keep).
 func TestJanitorRemovesExpiredRecords(t *testing.T) {
 	ctx := t.Context()
-	s := memory.New(memory.Options{JanitorInterval: 10 * time.Millisecond})
+	var clock memory.Clock
+	s := memory.NewWithClock(memory.Options{JanitorInterval: 10 * time.Millisecond}, &clock)
 	defer s.Close()
 	toks := fill(t, s, 100, 30*time.Millisecond) // 100 leases that will lapse
 	// One completed record that must stay.
 	if err := s.Complete(ctx, key(0), toks[0], &storage.Response{Status: 200}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 2*time.Second, "the janitor to leave only the live record", func() bool { return s.Len() == 1 })
+	if n := s.Len(); n != 100 {
+		t.Fatalf("Len before the leases lapse = %d, want 100", n)
+	}
+	clock.Advance(30 * time.Millisecond)
+	testutil.Eventually(t, 30*time.Second, "the janitor to leave only the live record", func() bool { return s.Len() == 1 })
 	if _, err := s.Get(ctx, key(0), false); err != nil {
 		t.Fatalf("Get of the live record: %v", err)
 	}

@@ -14,7 +14,7 @@ import (
 // (see the package documentation); a Conflict's Record carries no Token.
 func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
 	if lease <= 0 {
-		return storage.Reservation{}, fmt.Errorf("memory: reserve: lease %v is not positive", lease)
+		return storage.Reservation{}, fmt.Errorf("memory: reserve: %w: lease %v is not positive", storage.ErrInvalid, lease)
 	}
 	sh, id := s.shardFor(key)
 	scope := s.scopeOf(key)
@@ -26,30 +26,41 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 			res := s.reservation(old, fp)
 			sh.mu.Unlock()
 			if res.Outcome == storage.Replay {
-				res.Record = s.completed(old, true) // old.resp never changes
+				rec, err := s.completed(old, true) // old.resp never changes
+				if err != nil {
+					return storage.Reservation{}, fmt.Errorf("memory: reserve: %w", err)
+				}
+				res.Record = rec
 			}
 			return res, nil
 		}
-		// Replacing an expired entry keeps the counts (same key, same
-		// scope); only a new key needs room.
+		cost := entryCost(len(fp))
+		// Replacing an expired entry keeps the record count (same key,
+		// same scope) and needs no room: only a new key does.
 		if old == nil {
-			if !s.admit() {
+			if !s.admit(cost) {
 				sh.mu.Unlock()
-				if !s.makeRoom() {
+				if !s.makeRoom(cost) {
 					return storage.Reservation{}, storage.ErrFull
 				}
 				continue // the key may have appeared meanwhile: look again
 			}
-			if !s.admitScope(scope) {
+			if !s.admitScope(scope, cost) {
 				s.count.Add(-1)
+				s.bytes.Add(-cost)
 				sh.mu.Unlock()
 				return storage.Reservation{}, storage.ErrScopeFull
 			}
 		}
-		e := newEntry(fp, storage.NewToken(), now, int64(lease), scope)
+		e := newEntry(fp, storage.NewToken(), now, lease, scope)
 		sh.m[id] = e
 		if old != nil {
-			old.wake() // taken over: its waiters look again
+			// Taken over: the old record's bytes go, the new entry's
+			// come; its waiters look again.
+			freed := old.footprint()
+			s.bytes.Add(cost - freed)
+			s.growScope(scope, cost-freed, false)
+			old.wake()
 		}
 		sh.mu.Unlock()
 		return storage.Reservation{Outcome: storage.Acquired, Token: e.token}, nil
@@ -60,19 +71,26 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 // garbage collector need not scan); the caller keeps resp.
 func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
 	if ttl <= 0 {
-		return fmt.Errorf("memory: complete: ttl %v is not positive", ttl)
+		return fmt.Errorf("memory: complete: %w: ttl %v is not positive", storage.ErrInvalid, ttl)
 	}
-	if resp == nil {
-		return fmt.Errorf("memory: complete: nil response")
+	// Refused before the record is touched: the lease stays the caller's.
+	if err := storage.CheckResponse(resp); err != nil {
+		return fmt.Errorf("memory: complete: %w", err)
 	}
-	// Encoded outside the lock to keep the critical section short; the
-	// detail goes in the same block, after the response.
-	enc := storage.AppendResponse(make([]byte, 0, storage.ResponseLen(resp)+len(resp.Detail)), resp)
-	var detail []byte
-	if len(resp.Detail) > 0 {
-		enc = append(enc, resp.Detail...)
-		n := len(enc) - len(resp.Detail)
-		enc, detail = enc[:n:n], enc[n:]
+	// Encoded and counted outside the lock to keep the critical section
+	// short.
+	scope := s.scopeOf(key)
+	enc, detail := encodeRecord(resp)
+	cost := int64(cap(enc) + cap(detail))
+	if !s.grow(scope, cost) {
+		// No room for the body, in the store or, under pressure, in the
+		// scope's share. The request ran, so the record is kept all the
+		// same, as a response too large to record is: status and
+		// headers, the body omitted.
+		enc, detail = encodeRecord(&storage.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true, Detail: resp.Detail})
+		cost = int64(cap(enc) + cap(detail))
+		s.bytes.Add(cost)
+		s.growScope(scope, cost, false)
 	}
 	sh, id := s.shardFor(key)
 	now := s.now()
@@ -80,9 +98,11 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 	defer sh.mu.Unlock()
 	e := sh.m[id]
 	if e == nil || !e.owns(token) {
+		s.bytes.Add(-cost)
+		s.forgetScope(scope, 0, cost)
 		return storage.ErrLeaseLost
 	}
-	e.expires = now + int64(ttl)
+	e.expires = after(now, ttl)
 	e.resp, e.detail = enc, detail
 	e.token = 0
 	e.wake()
@@ -105,7 +125,7 @@ func (s *Store) Release(_ context.Context, key storage.Key, token storage.Token)
 // Renew implements storage.Store.
 func (s *Store) Renew(_ context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
 	if lease <= 0 {
-		return fmt.Errorf("memory: renew: lease %v is not positive", lease)
+		return fmt.Errorf("memory: renew: %w: lease %v is not positive", storage.ErrInvalid, lease)
 	}
 	sh, id := s.shardFor(key)
 	now := s.now()
@@ -115,7 +135,7 @@ func (s *Store) Renew(_ context.Context, key storage.Key, token storage.Token, l
 	if e == nil || !e.owns(token) {
 		return storage.ErrLeaseLost
 	}
-	e.expires = now + int64(lease)
+	e.expires = after(now, lease)
 	return nil
 }
 
@@ -135,7 +155,11 @@ func (s *Store) Get(_ context.Context, key storage.Key, withBody bool) (*storage
 		sh.mu.Unlock()
 		// e.resp never changes once set, so decoding outside the lock is
 		// safe.
-		return s.completed(e, withBody), nil
+		rec, err := s.completed(e, withBody)
+		if err != nil {
+			return nil, fmt.Errorf("memory: get: %w", err)
+		}
+		return rec, nil
 	}
 	rec := &storage.Record{
 		Fingerprint: e.fp,
@@ -165,7 +189,35 @@ func (s *Store) Delete(_ context.Context, key storage.Key) error {
 // remove deletes e, held under key, from sh, whose lock the caller holds.
 func (s *Store) remove(sh *shard, id recordID, e *entry) {
 	delete(sh.m, id)
+	fp := e.footprint()
 	s.count.Add(-1)
-	s.forgetScope(e.scope, 1)
+	s.bytes.Add(-fp)
+	s.forgetScope(e.scope, 1, fp)
 	e.wake()
+}
+
+// encodeRecord encodes resp, and its detail after it in the same block:
+// one pointer-free allocation the garbage collector need not scan.
+func encodeRecord(resp *storage.Response) (enc, detail []byte) {
+	enc = storage.AppendResponse(make([]byte, 0, storage.ResponseLen(resp)+len(resp.Detail)), resp)
+	if len(resp.Detail) == 0 {
+		return enc, nil
+	}
+	enc = append(enc, resp.Detail...)
+	n := len(enc) - len(resp.Detail)
+	return enc[:n:n], enc[n:]
+}
+
+// grow counts cost more bytes for a completed record of scope, if they fit
+// under MaxBytes and, when the store is under pressure, in the scope's
+// share.
+func (s *Store) grow(scope scopeID, cost int64) bool {
+	if !addWithin(&s.bytes, cost, s.maxBytes) {
+		return false
+	}
+	if !s.growScope(scope, cost, true) {
+		s.bytes.Add(-cost)
+		return false
+	}
+	return true
 }

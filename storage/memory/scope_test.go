@@ -11,7 +11,8 @@ import (
 
 func TestMaxKeysPerScopeRefusesOnlyTheFullScope(t *testing.T) {
 	ctx := t.Context()
-	s := memory.New(memory.Options{MaxKeysPerScope: 3})
+	// Three records are half the store: the share binds from the fourth.
+	s := memory.New(memory.Options{MaxKeys: 6, MaxKeysPerScope: 3})
 	defer s.Close()
 	toks := fill(t, s, 3, time.Minute) // scope "scope"
 
@@ -57,15 +58,16 @@ func TestMaxKeysPerScopeRefusesOnlyTheFullScope(t *testing.T) {
 
 func TestExpiredRecordsStopCountingForTheirScopeOnceSwept(t *testing.T) {
 	ctx := t.Context()
-	s := memory.New(memory.Options{MaxKeysPerScope: 2, JanitorInterval: 20 * time.Millisecond})
+	var clock memory.Clock
+	s := memory.NewWithClock(memory.Options{MaxKeys: 4, MaxKeysPerScope: 2, JanitorInterval: 20 * time.Millisecond}, &clock)
 	defer s.Close()
 	fill(t, s, 2, 30*time.Millisecond)
 	// Taking over an expired key of a full scope needs no room.
-	time.Sleep(40 * time.Millisecond)
+	clock.Advance(30 * time.Millisecond)
 	if res, err := s.Reserve(ctx, key(0), fp, time.Minute); err != nil || res.Outcome != storage.Acquired {
 		t.Fatalf("takeover of an expired key: %v, %v; want Acquired", res.Outcome, err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		res, err := s.Reserve(ctx, key(2), fp, time.Minute)
 		if err == nil && res.Outcome == storage.Acquired {
@@ -79,7 +81,7 @@ func TestExpiredRecordsStopCountingForTheirScopeOnceSwept(t *testing.T) {
 }
 
 func TestNegativeMaxKeysPerScopeIsUnbounded(t *testing.T) {
-	s := memory.New(memory.Options{MaxKeysPerScope: -1})
+	s := memory.New(memory.Options{MaxKeys: 100, MaxKeysPerScope: -1})
 	defer s.Close()
-	fill(t, s, memory.DefaultMaxKeysPerScope+1, time.Minute)
+	fill(t, s, 100, time.Minute) // the whole store, one scope
 }

@@ -14,7 +14,8 @@ import (
 
 // TestStressOwnership hammers a few keys with every operation from many
 // goroutines, with leases short enough to lapse mid-run, a janitor sweeping
-// all the time and a MaxKeys below the key count, and checks that no key
+// all the time, a MaxKeys below the key count and per-scope shares that
+// bind, and checks that the counts of records and bytes stay exact and that no key
 // ever had two owners: completed records never expire here and nothing is
 // deleted, so at most one token per key may ever complete it, and every
 // replay must show that token's response for the replaying fingerprint.
@@ -50,13 +51,14 @@ func TestStressOwnership(t *testing.T) {
 			}
 			for range ops {
 				k := r.IntN(nkeys)
-				key := storage.Key{Scope: "stress", ID: strconv.Itoa(k)}
+				// A few scopes, so that their shares bind as well.
+				key := storage.Key{Scope: "stress-" + strconv.Itoa(k%4), ID: strconv.Itoa(k)}
 				switch op := r.IntN(100); {
 				case op < 35:
 					f := r.IntN(len(fps))
 					res, err := s.Reserve(ctx, key, fps[f], time.Duration(1+r.IntN(10))*time.Millisecond)
 					switch {
-					case errors.Is(err, storage.ErrFull):
+					case errors.Is(err, storage.ErrFull), errors.Is(err, storage.ErrScopeFull):
 					case err != nil:
 						t.Errorf("Reserve: %v", err)
 					case res.Outcome == storage.Acquired:

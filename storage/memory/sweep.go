@@ -1,36 +1,58 @@
 package memory
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
-// admit counts one more record if the store has room for it. It never
-// overshoots, even for a moment, so Len stays within MaxKeys.
-func (s *Store) admit() bool {
+// admit counts one more record of cost bytes if the store has room for
+// it. It never overshoots, even for a moment, so Len stays within MaxKeys
+// and Bytes within MaxBytes.
+func (s *Store) admit(cost int64) bool {
+	if !addWithin(&s.count, 1, s.max) {
+		return false
+	}
+	if !addWithin(&s.bytes, cost, s.maxBytes) {
+		s.count.Add(-1)
+		return false
+	}
+	return true
+}
+
+// addWithin adds n to v unless that would take it beyond limit.
+func addWithin(v *atomic.Int64, n, limit int64) bool {
 	for {
-		n := s.count.Load()
-		if n >= s.max {
+		cur := v.Load()
+		if cur+n > limit {
 			return false
 		}
-		if s.count.CompareAndSwap(n, n+1) {
+		if v.CompareAndSwap(cur, cur+n) {
 			return true
 		}
 	}
 }
 
-// makeRoom is called by Reserve, holding no lock, when the store is full. It
-// sweeps expired records unless another sweep ran within minSweepGap, and
-// reports whether there may be room now.
-func (s *Store) makeRoom() bool {
+// hasRoom reports whether a record of cost bytes would fit now.
+func (s *Store) hasRoom(cost int64) bool {
+	return s.count.Load() < s.max && s.bytes.Load()+cost <= s.maxBytes
+}
+
+// makeRoom is called by Reserve, holding no lock, when the store has no
+// room for a record of cost bytes. It sweeps expired records unless
+// another sweep ran within minSweepGap, and reports whether there may be
+// room now.
+func (s *Store) makeRoom(cost int64) bool {
 	s.sweepMu.Lock()
 	defer s.sweepMu.Unlock()
 	// Whoever held sweepMu before may have made room already.
-	if s.count.Load() < s.max {
+	if s.hasRoom(cost) {
 		return true
 	}
 	if s.now()-s.lastSweep < int64(minSweepGap) {
 		return false
 	}
 	s.sweepLocked()
-	return s.count.Load() < s.max
+	return s.hasRoom(cost)
 }
 
 // sweep deletes every expired record and lapsed lease.
@@ -47,17 +69,20 @@ func (s *Store) sweepLocked() {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		now := s.now()
-		var n int64
+		var n, bytes int64
 		for key, e := range sh.m {
 			if !e.live(now) {
 				delete(sh.m, key)
-				s.forgetScope(e.scope, 1)
+				fp := e.footprint()
+				s.forgetScope(e.scope, 1, fp)
 				e.wake()
 				n++
+				bytes += fp
 			}
 		}
 		sh.mu.Unlock()
 		s.count.Add(-n)
+		s.bytes.Add(-bytes)
 	}
 	s.lastSweep = s.now()
 }

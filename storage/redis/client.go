@@ -22,6 +22,17 @@ const (
 	DefaultDialTimeout = time.Second
 )
 
+// The bounds ClientOptions.Check puts on Timeout and DialTimeout. Below
+// MinTimeout no Redis answers reliably, and such a value is most likely a
+// unit mix-up (a JSON duration given as a bare number is nanoseconds:
+// "timeout": 2 is 2ns, and would answer 503 to every request). Above
+// MaxTimeout a request would hang on a Redis that does not answer for
+// longer than any client waits.
+const (
+	MinTimeout = 10 * time.Millisecond
+	MaxTimeout = time.Minute
+)
+
 // ClientOptions describe the Redis deployment a Store talks to: a single
 // node (URL, or one address), a Redis Cluster (several addresses) or a
 // Sentinel-managed primary (MasterName and the Sentinels' addresses).
@@ -56,11 +67,13 @@ type ClientOptions struct {
 	// PoolSize is the most connections per node (default: go-redis's).
 	PoolSize int
 
-	// DialTimeout bounds opening one connection (default DefaultDialTimeout).
+	// DialTimeout bounds opening one connection (default
+	// DefaultDialTimeout; MinTimeout to MaxTimeout).
 	DialTimeout time.Duration
 
 	// Timeout is the read and write timeout of each command (default
-	// DefaultTimeout); give the Store the same as Options.Timeout.
+	// DefaultTimeout; MinTimeout to MaxTimeout); give the Store the same
+	// as Options.Timeout.
 	Timeout time.Duration
 
 	// TLS configures TLS for rediss:// URLs and addresses; nil means
@@ -107,10 +120,14 @@ func (o ClientOptions) Check() error {
 		return errors.New("redis storage: sentinel_password needs master_name")
 	case o.PoolSize < 0:
 		return fmt.Errorf("redis storage: pool_size must be positive, got %d", o.PoolSize)
-	case o.DialTimeout < 0:
-		return fmt.Errorf("redis storage: dial_timeout must be positive, got %v", o.DialTimeout)
-	case o.Timeout < 0:
-		return fmt.Errorf("redis storage: timeout must be positive, got %v", o.Timeout)
+	case o.DialTimeout != 0 && o.DialTimeout < MinTimeout:
+		return fmt.Errorf("redis storage: dial_timeout must be at least %v, got %v", MinTimeout, o.DialTimeout)
+	case o.DialTimeout > MaxTimeout:
+		return fmt.Errorf("redis storage: dial_timeout must be at most %v, got %v", MaxTimeout, o.DialTimeout)
+	case o.Timeout != 0 && o.Timeout < MinTimeout:
+		return fmt.Errorf("redis storage: timeout must be at least %v, got %v", MinTimeout, o.Timeout)
+	case o.Timeout > MaxTimeout:
+		return fmt.Errorf("redis storage: timeout must be at most %v, got %v", MaxTimeout, o.Timeout)
 	case (o.TLSCertFile == "") != (o.TLSKeyFile == ""):
 		return errors.New("redis storage: tls_cert_file and tls_key_file go together")
 	}

@@ -130,6 +130,11 @@ func TestClientOptionsCheck(t *testing.T) {
 		{redis.ClientOptions{Addrs: []string{"nope"}}, "must be host:port"},
 		{redis.ClientOptions{Addrs: []string{"redis://u:p@a:1"}}, "without credentials"},
 		{redis.ClientOptions{MasterName: "m"}, "needs addresses"},
+		{redis.ClientOptions{Timeout: 2}, "timeout must be at least 10ms, got 2ns"},
+		{redis.ClientOptions{Timeout: -time.Second}, "timeout must be at least 10ms, got -1s"},
+		{redis.ClientOptions{Timeout: 1<<63 - 1}, "timeout must be at most 1m0s"},
+		{redis.ClientOptions{DialTimeout: time.Millisecond}, "dial_timeout must be at least 10ms, got 1ms"},
+		{redis.ClientOptions{DialTimeout: 60000 * 24 * time.Hour}, "dial_timeout must be at most 1m0s"},
 	} {
 		err := tt.o.Check()
 		if err == nil || !strings.Contains(err.Error(), tt.want) {

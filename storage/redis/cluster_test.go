@@ -58,11 +58,11 @@ func TestCluster(t *testing.T) {
 			done := make(chan waitResult, 1)
 			go func() {
 				start := time.Now()
-				err := waiter.Wait(context.Background(), key, 10*time.Second)
+				err := waiter.Wait(context.Background(), key, time.Minute)
 				done <- waitResult{err, time.Since(start)}
 			}()
 			c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs})
-			for deadline := time.Now().Add(3 * time.Second); !c.HExists(t.Context(), owner.keyName(key), "w").Val(); time.Sleep(5 * time.Millisecond) {
+			for deadline := time.Now().Add(30 * time.Second); !c.HExists(t.Context(), owner.keyName(key), "w").Val(); time.Sleep(5 * time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatal("no waiter registered")
 				}
@@ -71,7 +71,8 @@ func TestCluster(t *testing.T) {
 			if err := owner.Complete(t.Context(), key, tok, textResponse("done"), time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			if r := <-done; r.err != nil || r.took > 2*time.Second {
+			// Well under the minute the waiter would sit out unwoken.
+			if r := <-done; r.err != nil || r.took > 20*time.Second {
 				t.Fatalf("key %d: Wait %v after %v, want woken by the completion", i, r.err, r.took)
 			}
 		}

@@ -56,6 +56,9 @@ func (s *Store) DeleteByHash(ctx context.Context, hash string) (int, error) {
 
 // namesByHash returns the key names of the store that start with hash.
 func (s *Store) namesByHash(ctx context.Context, hash string) ([]string, error) {
+	if s.invalid != nil {
+		return nil, fmt.Errorf("redis scan: %w", s.invalid)
+	}
 	if len(hash) != storage.HashLen || !isHex(hash) {
 		return nil, nil
 	}
@@ -78,7 +81,7 @@ func (s *Store) namesByHash(ctx context.Context, hash string) ([]string, error) 
 		err = scan(ctx, s.client)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("redis scan: %w", err)
+		return nil, fmt.Errorf("redis scan: %w", classify(err))
 	}
 	return names, nil
 }

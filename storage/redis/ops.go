@@ -16,7 +16,7 @@ import (
 // recorded response; a Conflict carries the lease's times, never its token.
 func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
 	if lease <= 0 {
-		return storage.Reservation{}, fmt.Errorf("redis reserve: lease %v is not positive", lease)
+		return storage.Reservation{}, fmt.Errorf("redis reserve: %w: lease %v is not positive", storage.ErrInvalid, lease)
 	}
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
@@ -70,10 +70,11 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 // can leave the body out without parsing anything in Lua.
 func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
 	if ttl <= 0 {
-		return fmt.Errorf("redis complete: ttl %v is not positive", ttl)
+		return fmt.Errorf("redis complete: %w: ttl %v is not positive", storage.ErrInvalid, ttl)
 	}
-	if resp == nil {
-		return fmt.Errorf("redis complete: nil response")
+	// Refused before Redis is asked: the lease stays the caller's.
+	if err := storage.CheckResponse(resp); err != nil {
+		return fmt.Errorf("redis complete: %w", err)
 	}
 	if token == 0 {
 		return storage.ErrLeaseLost
@@ -97,7 +98,7 @@ func (s *Store) Release(ctx context.Context, key storage.Key, token storage.Toke
 // Renew implements storage.Store in one round trip.
 func (s *Store) Renew(ctx context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
 	if lease <= 0 {
-		return fmt.Errorf("redis renew: lease %v is not positive", lease)
+		return fmt.Errorf("redis renew: %w: lease %v is not positive", storage.ErrInvalid, lease)
 	}
 	if token == 0 {
 		return storage.ErrLeaseLost
@@ -205,19 +206,24 @@ func (s *Store) fenced(ctx context.Context, op string, script *goredis.Script, k
 
 // run runs script on key's record: EVALSHA, falling back to EVAL (which
 // caches the script again) when the server does not know it. A CORRUPT
-// error from the script wraps storage.ErrCorrupt.
+// error from the script wraps storage.ErrCorrupt; an error that means
+// Redis could not be reached or answer in time wraps
+// storage.ErrUnavailable (see classify).
 func (s *Store) run(ctx context.Context, script *goredis.Script, key storage.Key, args ...any) (any, error) {
 	return s.runKey(ctx, script, s.keyName(key), args...)
 }
 
 // runKey is run on the record's key name.
 func (s *Store) runKey(ctx context.Context, script *goredis.Script, name string, args ...any) (any, error) {
+	if s.invalid != nil {
+		return nil, s.invalid
+	}
 	v, err := s.pipe.do(ctx, script, []string{name}, args)
 	if err != nil {
 		if goredis.HasErrorPrefix(err, "CORRUPT") {
 			return nil, fmt.Errorf("%w: %v", storage.ErrCorrupt, err)
 		}
-		return nil, err
+		return nil, classify(err)
 	}
 	return v, nil
 }

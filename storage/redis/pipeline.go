@@ -106,9 +106,23 @@ func (p *pipeliner) work() {
 	}
 }
 
-// flush sends a batch and hands each call its own reply.
+// flush sends a batch and hands each call its own reply. A call whose
+// caller has given up already is answered at once and not sent.
 func (p *pipeliner) flush(batch []*call) {
-	if len(batch) == 1 {
+	live := batch[:0]
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.err = err
+			close(c.done)
+			continue
+		}
+		live = append(live, c)
+	}
+	batch = live
+	switch len(batch) {
+	case 0:
+		return
+	case 1:
 		c := batch[0]
 		c.val, c.err = c.script.Run(c.ctx, p.client, c.keys, c.args...).Result()
 		close(c.done)
@@ -133,18 +147,26 @@ func (p *pipeliner) flush(batch []*call) {
 	}
 }
 
-// batchContext bounds a batch by the earliest deadline among its calls.
+// batchContext bounds a batch by the latest deadline among its calls, and
+// by none (the client's own read and write timeouts) when one of them
+// has none. One pipeline is one write and one read, so it has one
+// deadline; were it the earliest, a renewal's short deadline would fail
+// the reservations and completions sent with it while they still had
+// time. With the latest, no command fails before its own deadline
+// because of another, and no caller waits past its own either: do
+// returns when the caller's context is done, whatever the batch does.
 func batchContext(batch []*call) (context.Context, context.CancelFunc) {
-	var earliest time.Time
+	var latest time.Time
 	for _, c := range batch {
-		if dl, ok := c.ctx.Deadline(); ok && (earliest.IsZero() || dl.Before(earliest)) {
-			earliest = dl
+		dl, ok := c.ctx.Deadline()
+		if !ok {
+			return context.Background(), func() {}
+		}
+		if dl.After(latest) {
+			latest = dl
 		}
 	}
-	if earliest.IsZero() {
-		return context.Background(), func() {}
-	}
-	return context.WithDeadline(context.Background(), earliest)
+	return context.WithDeadline(context.Background(), latest)
 }
 
 // close stops the workers; queued calls not yet taken fail.

@@ -48,6 +48,8 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -82,6 +84,19 @@ type Options struct {
 	Timeout time.Duration
 }
 
+// Check reports what is wrong with o. A KeyPrefix must not hold a brace:
+// on Redis Cluster, a {...} in a key name is a hash tag, and a prefix
+// holding one would put every record in one slot, on one node.
+func (o Options) Check() error {
+	switch {
+	case strings.ContainsAny(o.KeyPrefix, "{}"):
+		return fmt.Errorf("redis storage: key_prefix must not contain '{' or '}' (on Redis Cluster it would be a hash tag putting every record in one slot), got %q", o.KeyPrefix)
+	case o.Timeout < 0:
+		return fmt.Errorf("redis storage: timeout must be positive, got %v", o.Timeout)
+	}
+	return nil
+}
+
 // Store is a storage.Store and storage.Waiter on Redis. It owns its client:
 // Close closes it.
 type Store struct {
@@ -90,6 +105,7 @@ type Store struct {
 	timeout time.Duration
 	hub     *hub
 	pipe    *pipeliner
+	invalid error // why the options are refused; nil when they are not
 
 	closeOnce sync.Once
 	closeErr  error
@@ -103,18 +119,24 @@ var (
 
 // New returns a Store that keeps its records through client and takes
 // ownership of it. It does not talk to Redis: the first operation
-// connects, so New succeeds while Redis is down.
+// connects, so New succeeds while Redis is down. Check opts first: with
+// options that Options.Check refuses, every operation fails with that
+// error, wrapping storage.ErrInvalid.
 func New(client goredis.UniversalClient, opts Options) *Store {
 	if opts.KeyPrefix == "" {
 		opts.KeyPrefix = DefaultKeyPrefix
 	}
-	return &Store{
+	s := &Store{
 		client:  client,
 		prefix:  opts.KeyPrefix,
 		timeout: opts.Timeout,
 		hub:     newHub(client),
 		pipe:    newPipeliner(client),
 	}
+	if err := opts.Check(); err != nil {
+		s.invalid = fmt.Errorf("%w: %w", storage.ErrInvalid, err)
+	}
+	return s
 }
 
 // Close stops waiting requests (their Wait returns an error), closes the
@@ -131,10 +153,13 @@ func (s *Store) Close() error {
 
 // Ping implements storage.Pinger: every node answers PING.
 func (s *Store) Ping(ctx context.Context) error {
-	if cc, ok := s.client.(*goredis.ClusterClient); ok {
-		return cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error { return c.Ping(ctx).Err() })
+	if s.invalid != nil {
+		return s.invalid
 	}
-	return s.client.Ping(ctx).Err()
+	if cc, ok := s.client.(*goredis.ClusterClient); ok {
+		return classify(cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error { return c.Ping(ctx).Err() }))
+	}
+	return classify(s.client.Ping(ctx).Err())
 }
 
 // keyName returns the Redis key of a record: the prefix and the hex of the
@@ -165,14 +190,19 @@ func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelF
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// millis converts d to whole milliseconds, rounding up so that a positive
-// duration never becomes zero (PEXPIRE 0 would delete the key).
+// millis converts d, clamped to storage.MaxDuration, to whole
+// milliseconds, rounding up so that a positive duration never becomes
+// zero (PEXPIRE 0 would delete the key). Clamping first keeps the
+// rounding, and keepMillis's doubling, clear of int64 overflow: a
+// negative PEXPIRE deletes the key too.
 func millis(d time.Duration) int64 {
+	d = storage.Clamp(d)
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // keepMillis is how long an in-flight record with the given lease stays in
 // Redis: the lease, then as long again and at least lapsedGrace.
 func keepMillis(lease time.Duration) int64 {
-	return millis(lease + max(lease, lapsedGrace))
+	lease = storage.Clamp(lease)
+	return millis(lease) + millis(max(lease, lapsedGrace))
 }

@@ -59,6 +59,9 @@ func (s *Store) Wait(ctx context.Context, key storage.Key, maxWait time.Duration
 	if maxWait <= 0 {
 		return nil
 	}
+	if s.invalid != nil {
+		return fmt.Errorf("redis wait: %w", s.invalid)
+	}
 	deadline := time.Now().Add(maxWait)
 	timer := time.NewTimer(maxWait)
 	defer timer.Stop()
@@ -67,7 +70,7 @@ func (s *Store) Wait(ctx context.Context, key storage.Key, maxWait time.Duration
 	channel := channelName(name)
 	conn, sub, err := s.hub.join(channel)
 	if err != nil {
-		return fmt.Errorf("redis wait: %w", err)
+		return fmt.Errorf("redis wait: %w", classify(err))
 	}
 	defer s.hub.leave(conn, channel, sub)
 
@@ -76,7 +79,7 @@ func (s *Store) Wait(ctx context.Context, key storage.Key, maxWait time.Duration
 	select {
 	case <-sub.ready:
 	case <-conn.failed:
-		return fmt.Errorf("redis wait: %w", conn.err)
+		return fmt.Errorf("redis wait: %w", classify(conn.err))
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-timer.C:
@@ -88,7 +91,7 @@ func (s *Store) Wait(ctx context.Context, key storage.Key, maxWait time.Duration
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("redis wait: %w", err)
+		return fmt.Errorf("redis wait: %w", err) // classified by runKey
 	}
 	if !inFlight {
 		return nil
@@ -105,7 +108,7 @@ func (s *Store) Wait(ctx context.Context, key storage.Key, maxWait time.Duration
 	case <-timer.C:
 		return nil
 	case <-conn.failed:
-		return fmt.Errorf("redis wait: %w", conn.err)
+		return fmt.Errorf("redis wait: %w", classify(conn.err))
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -261,7 +264,7 @@ func (h *hub) dispatch(c *psConn) {
 				}
 			}
 			if isTimeout(err) {
-				err = fmt.Errorf("pub/sub connection did not answer a ping within %v", pingEvery)
+				err = fmt.Errorf("%w: pub/sub connection did not answer a ping within %v", storage.ErrUnavailable, pingEvery)
 			}
 			h.fail(c, err)
 			return
@@ -288,7 +291,7 @@ func (h *hub) confirmed(c *psConn, channel string) {
 		// A confirmation nobody asked for: go-redis reconnected on its
 		// own (a maintenance handoff) and subscribed again. Messages may
 		// have been lost in between, so the waiters must not trust it.
-		h.failLocked(c, errors.New("pub/sub connection was re-established; messages may have been lost"))
+		h.failLocked(c, fmt.Errorf("%w: pub/sub connection was re-established; messages may have been lost", storage.ErrUnavailable))
 		return
 	case 1:
 		delete(c.pending, channel)

@@ -8,7 +8,7 @@ import (
 )
 
 // cancelBound is how long an operation may take on a cancelled context.
-const cancelBound = 2 * time.Second
+const cancelBound = 20 * time.Second
 
 // returnsWithin fails unless fn returns within cancelBound. What fn returns
 // is not judged: an in-process store may complete the work, a remote one

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -38,15 +39,18 @@ func testReleaseFreesKey(f *fixture) {
 }
 
 func testCompletedRecordExpires(f *fixture) {
+	// Long enough that no stall of a busy machine comes between the
+	// Complete and the replay that must come before the expiry.
+	const ttl = 2 * time.Second
 	key := f.key()
 	tok := f.acquire(key, fpA, longLease)
 	start := time.Now()
-	f.complete(key, tok, textResponse("short"), shortTTL)
-	res := f.wantBefore(start, shortTTL, key, fpA, storage.Replay)
+	f.complete(key, tok, textResponse("short"), ttl)
+	res := f.wantBefore(start, ttl, key, fpA, storage.Replay)
 	if msg := diffResponse(res.Record.Response, textResponse("short"), true); msg != "" {
 		f.t.Fatalf("replay before expiry: %s", msg)
 	}
-	time.Sleep(lapse)
+	time.Sleep(time.Until(start.Add(ttl + lapse)))
 	_, err := f.store.Get(f.ctx, key, true)
 	f.wantErr("Get after expiry", err, storage.ErrNotFound)
 	f.acquire(key, fpA, longLease)
@@ -89,10 +93,13 @@ func testStaleTokenCannotCompleteOrRelease(f *fixture) {
 }
 
 func testRenewKeepsLease(f *fixture) {
+	// The lease is long next to any stall of a busy machine between a
+	// renewal and the checks after it, and the renewals go on for twice
+	// as long, so that without them it would have lapsed.
 	const (
-		lease = 300 * time.Millisecond
-		every = 100 * time.Millisecond
-		hold  = time.Second
+		lease = 2 * time.Second
+		every = lease / 4
+		hold  = 2 * lease
 	)
 	key := f.key()
 	tok := f.acquire(key, fpA, lease)
@@ -104,8 +111,10 @@ func testRenewKeepsLease(f *fixture) {
 		f.wantBefore(renewed, lease, key, fpB, storage.Mismatch)
 		f.wantBefore(renewed, lease, key, fpA, storage.Conflict)
 	}
-	time.Sleep(3 * lease)
-	f.acquire(key, fpB, longLease)
+	// Without renewals the lease lapses: wait for it as for an event.
+	testutil.Eventually(f.t, 30*time.Second, "the lease to lapse once no longer renewed", func() bool {
+		return f.reserve(key, fpB, longLease).Outcome == storage.Acquired
+	})
 }
 
 func testRenewAfterLapseWithoutTakeoverSucceeds(f *fixture) {
