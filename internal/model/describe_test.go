@@ -1,0 +1,14 @@
+package model
+
+import "testing"
+
+// TestDescribeSeed prints the trial a seed generates, without running
+// it: go test ./internal/model -run TestDescribeSeed -model.seed N
+// -model.store S -model.steps K -v.
+func TestDescribeSeed(t *testing.T) {
+	if *flagSeed == 0 {
+		t.Skip("needs -model.seed")
+	}
+	tr := Generate(*flagSeed, Store{Kind: *flagStore}, *flagSteps, *flagLong)
+	t.Log(tr.Describe())
+}
