@@ -11,16 +11,14 @@ import "fmt"
 // the promise does not cover. An execution that ran unprotected under
 // fail_open never held the key: it is excused, and not a holder.
 func (ix *index) checkDuplicates(r *Report) {
-	for rec, runs := range ix.runs {
-		in := ix.byRecord[rec]
-		if in == nil {
-			continue // not the soak's (a probe without an intent)
-		}
+	for i := range ix.h.Intents {
+		in := &ix.h.Intents[i]
+		runs := ix.runs[scopeKey{in.Scope, in.Key}]
 		var holder *Execution
 		for j, x := range runs {
 			if f := ix.failOpenPass(in, x); f >= 0 {
 				if j > 0 {
-					r.excuse(x, runs[j-1], FailOpen, fmt.Sprintf("#%d ran unprotected under fail_open during %s", x.N, ix.h.Faults[f].describe()))
+					r.excuse(x, runs[j-1], FailOpen, fmt.Sprintf("#%d ran unprotected under fail_open during %s", x.N, ix.h.Faults[f].Describe()))
 				}
 				continue
 			}
@@ -53,7 +51,7 @@ func (ix *index) excuse(in *Intent, prev, x *Execution) (Exception, string) {
 	for i := range h.Faults {
 		f := &h.Faults[i]
 		if f.Kind == Kill && f.Instance == prev.Instance && f.End >= prev.Start && f.Start <= x.Start {
-			return Killed, fmt.Sprintf("%s killed while #%d held the key: %s", prev.Instance, prev.N, f.describe())
+			return Killed, fmt.Sprintf("%s killed while #%d held the key: %s", prev.Instance, prev.N, f.Describe())
 		}
 	}
 	for _, o := range h.outages(prev.Instance, in.Store) {

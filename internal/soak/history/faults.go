@@ -99,9 +99,9 @@ func (h *History) troubleNear(instance, store string, start, end time.Duration) 
 	return -1
 }
 
-// describe names a fault for a report: "stall b-postgres 1.100s
+// Describe names a fault for a report: "stall b-postgres 1.100s
 // [12.000-13.100]".
-func (f *Fault) describe() string {
+func (f *Fault) Describe() string {
 	var target string
 	switch {
 	case f.Instance != "" && f.Store != "":
@@ -122,7 +122,7 @@ func (f *Fault) describe() string {
 func (h *History) describeOutage(t trouble) string {
 	var parts []string
 	for _, i := range t.faults {
-		parts = append(parts, h.Faults[i].describe())
+		parts = append(parts, h.Faults[i].Describe())
 	}
 	return fmt.Sprintf("%s, an outage of %s", strings.Join(parts, " + "), secs(t.length()))
 }

@@ -127,7 +127,8 @@ type event struct {
 
 // timeline lists what happened to an intent: its executions, its
 // attempts (runs of 409 folded into one line) and the faults of the
-// instances involved and of its store around that time.
+// instances involved and of its store from a lock_timeout before its
+// first execution or attempt to one after its last before the sweep.
 func (ix *index) timeline(in *Intent) []string {
 	var evs []event
 	instances := map[string]bool{}
@@ -160,7 +161,9 @@ func (ix *index) timeline(in *Intent) []string {
 	}
 	for _, a := range ix.attempts[in.ID] {
 		instances[a.Instance] = true
-		span(a.Start, a.End)
+		if !a.Sweep { // the sweep comes long after the faults
+			span(a.Start, a.End)
+		}
 		if a.Status == 409 {
 			run = append(run, a)
 			continue
@@ -176,7 +179,7 @@ func (ix *index) timeline(in *Intent) []string {
 			continue
 		}
 		if instances[f.Instance] && (f.Store == "" || f.Store == in.Store) || f.Instance == "" && f.Store == in.Store {
-			evs = append(evs, event{f.Start, "fault " + f.describe()})
+			evs = append(evs, event{f.Start, "fault " + f.Describe()})
 		}
 	}
 	slices.SortStableFunc(evs, func(a, b event) int { return cmp.Compare(a.at, b.at) })
