@@ -101,12 +101,16 @@ func run(o options) int {
 	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	dir, err := os.MkdirTemp("", "idempotency-soak-build-")
-	if err != nil {
-		logf("%v", err)
-		return exitFailed
+	// make soak names the xcaddy-built binary; otherwise go build makes one.
+	dir := ""
+	if os.Getenv(caddyproc.EnvBinary) == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "caddy-soak-build-"); err != nil {
+			logf("%v", err)
+			return exitFailed
+		}
+		defer os.RemoveAll(dir)
 	}
-	defer os.RemoveAll(dir)
 	bin, err := caddyproc.Build(dir)
 	if err != nil {
 		logf("building caddy: %v", err)
