@@ -8,7 +8,8 @@ import "fmt"
 // Each execution is judged against the one that held the key before it
 // (the latest earlier execution that ran under a lease): the key could
 // only be taken again if that one freed it, or lost its lease to a fault
-// the promise does not cover. An execution that ran unprotected under
+// the promise does not cover; never once its record was complete (a
+// replay of it shows that), as the soak's stores lose nothing. An execution that ran unprotected under
 // fail_open never held the key: it is excused, and not a holder.
 func (ix *index) checkDuplicates(r *Report) {
 	for i := range ix.h.Intents {
@@ -26,6 +27,13 @@ func (ix *index) checkDuplicates(r *Report) {
 			case j == 0:
 			case holder == nil:
 				r.excuse(x, runs[j-1], FailOpen, fmt.Sprintf("every execution before #%d ran unprotected under fail_open", x.N))
+			case ix.replayed(holder) != nil:
+				// Its record was complete: stores that lose nothing on a
+				// restart never run a completed record again, whatever
+				// the fault.
+				a := ix.replayed(holder)
+				r.anomaly(DuplicateExecution, in, ix.duplicateSummary(in, holder, x)+
+					fmt.Sprintf("; #%d's record was complete (replayed by %s), and a completed record must never run again", holder.N, a.describe()))
 			default:
 				if ex, detail := ix.excuse(in, holder, x); ex != "" {
 					r.excuse(x, holder, ex, detail)
@@ -98,4 +106,20 @@ func (ix *index) duplicateSummary(in *Intent, prev, x *Execution) string {
 		s += " " + n + ";"
 	}
 	return s[:len(s)-1]
+}
+
+// replayed returns the first attempt that got a replay of x, nil when
+// none did.
+func (ix *index) replayed(x *Execution) *Attempt {
+	for _, in := range []*Intent{ix.byRecord[scopeKey{x.Scope, x.Key}]} {
+		if in == nil {
+			continue
+		}
+		for _, a := range ix.attempts[in.ID] {
+			if a.Replayed && a.Execution == x.N {
+				return a
+			}
+		}
+	}
+	return nil
 }

@@ -175,3 +175,18 @@ func TestScopesAreSeparateRecords(t *testing.T) {
 	x.Scope = "Bearer c2"
 	expect(t, h, "")
 }
+
+// The stores of the soak lose nothing on a restart: once an execution was
+// replayed its record was complete, and no fault excuses running it again.
+func TestACompletedRecordNeverRunsAgainWhateverTheFault(t *testing.T) {
+	h := newHistory()
+	h.exec(1, "a", 1, 2, 201)
+	h.got("b", 3, 1, 201, true)
+	h.exec(2, "b", 6, 6.5, 201)
+	h.fault(Kill, "a", "", 4, 5)
+	h.fault(StoreKill, "", Postgres, 4, 9)
+	r := expect(t, h, "duplicate-execution")
+	if !strings.Contains(r.Anomalies[0].Summary, "record was complete") {
+		t.Errorf("summary %q does not say the record was complete", r.Anomalies[0].Summary)
+	}
+}
