@@ -71,15 +71,15 @@ func newIntent(seed int64, worker, n, id int, lockTimeout time.Duration) intentS
 	// Some intents are sent by several clients at once (a double submit,
 	// a redelivery): the retries that meet a running request.
 	switch p := rng.IntN(100); {
-	case p < 55:
+	case p < 40:
 		in.Senders = 1
-	case p < 85:
+	case p < 80:
 		in.Senders = 2
 	default:
 		in.Senders = 3
 	}
 	for range in.Senders - 1 {
-		in.lag = append(in.lag, time.Duration(rng.Int64N(int64(lockTimeout))))
+		in.lag = append(in.lag, time.Duration(rng.Int64N(int64(lockTimeout*6/10))))
 	}
 	return in
 }
@@ -102,7 +102,7 @@ func drawBehaviour(rng *rand.Rand, L time.Duration) behaviour {
 	frac := func(lo, hi float64) time.Duration { return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(L)) }
 	var b behaviour
 	switch p := rng.IntN(100); {
-	case p < 55:
+	case p < 50:
 		b.delay = time.Duration(rng.Int64N(int64(100 * time.Millisecond)))
 	case p < 80:
 		b.delay = frac(0.4, 0.95)
@@ -123,8 +123,8 @@ func drawBehaviour(rng *rand.Rand, L time.Duration) behaviour {
 		b.hangUp = time.Duration(rng.Int64N(int64(b.delay + 100*time.Millisecond)))
 	}
 	b.timeout = 4 * L
-	if rng.IntN(100) < 20 {
-		b.timeout = frac(0.5, 2)
+	if rng.IntN(100) < 20 { // an impatient client retries while its request runs
+		b.timeout = frac(0.3, 1.5)
 	}
 	return b
 }

@@ -83,6 +83,7 @@ func TestOutagesExcuseOnlyFromTheToleranceOnAndOnlyTheHoldersOwn(t *testing.T) {
 		{"short stall of the holder's link", Postgres, Fault{Kind: Stall, Instance: "a", Store: Postgres, Start: sec(2), End: sec(3)}, false},
 		{"stall of its link to the other store", Postgres, Fault{Kind: Stall, Instance: "a", Store: Redis, Start: sec(1), End: sec(4)}, false},
 		{"cut of the holder's link", Redis, Fault{Kind: Cut, Instance: "a", Store: Redis, Start: sec(1), End: sec(2.3)}, true}, // + 1s reconnect
+		{"Redis stall: no reconnect allowance (dials succeed)", Redis, Fault{Kind: Stall, Instance: "a", Store: Redis, Start: sec(1), End: sec(2.3)}, false},
 		{"short cut of the holder's link", Postgres, Fault{Kind: Cut, Instance: "a", Store: Postgres, Start: sec(1), End: sec(2.3)}, false},
 		{"PostgreSQL restart", Postgres, Fault{Kind: StoreRestart, Store: Postgres, Start: sec(2), End: sec(4.5)}, true},
 		{"short PostgreSQL kill", Postgres, Fault{Kind: StoreKill, Store: Postgres, Start: sec(2), End: sec(3.5)}, false},

@@ -24,8 +24,9 @@ type trouble struct {
 func (t trouble) length() time.Duration { return t.end - t.start }
 
 // troubles returns the times instance could not use store, one per fault,
-// in start order. A Redis outage lasts RedisReconnect longer than the
-// server was down: clients keep failing until they reconnect.
+// in start order. A Redis outage that refused connections (a restart, a
+// cut) lasts RedisReconnect longer than the server was away: go-redis
+// keeps failing until its next dial probe.
 func (h *History) troubles(instance, store string) []trouble {
 	var ts []trouble
 	for i, f := range h.Faults {
@@ -46,7 +47,8 @@ func (h *History) troubles(instance, store string) []trouble {
 		default:
 			continue
 		}
-		if store == Redis && f.Kind != Pause {
+		if store == Redis && f.Kind != Pause && f.Kind != Stall {
+			// Dials failed meanwhile; a black hole accepts them.
 			t.end += h.Params.RedisReconnect
 		}
 		ts = append(ts, t)
