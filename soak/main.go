@@ -10,7 +10,7 @@
 // ends with the line "N anomalies"; its exit status is 1 when N > 0.
 //
 //	go run ./soak [-seed N] [-duration 3m] [-instances 3] [-lock-timeout 3s]
-//	              [-tolerance 0.75] [-clients 8] [-out dir] [-v]
+//	              [-tolerance 0.75] [-clients 12] [-faults stall,cut,...] [-out dir] [-v]
 //	go run ./soak -check dir/history.json
 //
 // The same seed draws the same fault schedule and the same workload
@@ -46,6 +46,7 @@ type options struct {
 	clients      int
 	every        time.Duration
 	quiet        time.Duration
+	faults       string
 	out          string
 	check        string
 	verbose      bool
@@ -62,6 +63,7 @@ func main() {
 	flag.IntVar(&o.clients, "clients", 12, "client workers, each with one intent at a time (sent by 1-3 senders)")
 	flag.DurationVar(&o.every, "fault-every", 1200*time.Millisecond, "mean gap between faults")
 	flag.DurationVar(&o.quiet, "quiet", 0, "quiet period between the last fault and the sweep (0: 4 x lock_timeout)")
+	flag.StringVar(&o.faults, "faults", "all", "the faults to inject, separated by commas: stall, cut, pause, reload, kill, store-restart, store-kill")
 	flag.StringVar(&o.out, "out", "", "keep the history (history.json), the report and Caddy's logs in this directory")
 	flag.StringVar(&o.check, "check", "", "only check a saved history.json and print its report")
 	flag.BoolVar(&o.verbose, "v", false, "print the schedule and each fault as it ends")
@@ -90,6 +92,11 @@ func run(o options) int {
 	}
 	if o.quiet == 0 {
 		o.quiet = 4 * o.lockTimeout
+	}
+	kinds, err := parseKinds(o.faults)
+	if err != nil {
+		logf("-faults: %v", err)
+		return exitFailed
 	}
 	if o.instances < 2 || o.instances > 26 || o.clients < 1 || o.lockTimeout < time.Second {
 		logf("need 2-26 instances, a client and a lock_timeout of at least 1s")
@@ -142,7 +149,7 @@ func run(o options) int {
 	for i, n := range c.nodes {
 		names[i] = n.name
 	}
-	schedule := plan(scheduleOptions{seed: o.seed, length: o.duration, every: o.every, instances: names, lockTimeout: o.lockTimeout})
+	schedule := plan(scheduleOptions{seed: o.seed, length: o.duration, every: o.every, instances: names, lockTimeout: o.lockTimeout, kinds: kinds})
 	logf("%d instances, lock_timeout %s, tolerance %.2f, %d client workers, %d faults over %s",
 		len(c.nodes), o.lockTimeout, o.tolerance, o.clients, len(schedule), o.duration)
 	if o.verbose {
@@ -245,7 +252,7 @@ func replayFlags(o options) string {
 	s := ""
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for _, name := range []string{"duration", "instances", "lock-timeout", "tolerance", "store-timeout", "clients", "fault-every", "quiet"} {
+	for _, name := range []string{"duration", "instances", "lock-timeout", "tolerance", "store-timeout", "clients", "fault-every", "quiet", "faults"} {
 		if set[name] {
 			s += fmt.Sprintf(" -%s %s", name, flag.Lookup(name).Value)
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
@@ -43,6 +44,8 @@ type scheduleOptions struct {
 	every       time.Duration // mean gap between faults
 	instances   []string
 	lockTimeout time.Duration
+	// kinds are the faults drawn (nil: every kind), by their weights.
+	kinds map[history.FaultKind]bool
 }
 
 // faultWeights are how often each kind of fault is drawn, in percent.
@@ -82,7 +85,7 @@ func plan(o scheduleOptions) []planned {
 			return out
 		}
 		for range 5 { // a few draws for a target that is free
-			p := planned{At: at, Kind: drawKind(rng), Instance: o.instances[rng.IntN(len(o.instances))],
+			p := planned{At: at, Kind: drawKind(rng, o.kinds), Instance: o.instances[rng.IntN(len(o.instances))],
 				Store: []string{history.Redis, history.Postgres}[rng.IntN(2)]}
 			var target string
 			var lasts time.Duration
@@ -122,17 +125,43 @@ func plan(o scheduleOptions) []planned {
 	}
 }
 
-func drawKind(rng *rand.Rand) history.FaultKind {
+func drawKind(rng *rand.Rand, kinds map[history.FaultKind]bool) history.FaultKind {
 	total := 0
 	for _, w := range faultWeights {
-		total += w.weight
+		if kinds == nil || kinds[w.kind] {
+			total += w.weight
+		}
 	}
 	n := rng.IntN(total)
 	for _, w := range faultWeights {
+		if kinds != nil && !kinds[w.kind] {
+			continue
+		}
 		if n < w.weight {
 			return w.kind
 		}
 		n -= w.weight
 	}
 	panic("unreachable")
+}
+
+// parseKinds reads the -faults flag: fault kinds separated by commas,
+// "all" for every one.
+func parseKinds(s string) (map[history.FaultKind]bool, error) {
+	if s == "" || s == "all" {
+		return nil, nil
+	}
+	known := map[history.FaultKind]bool{}
+	for _, w := range faultWeights {
+		known[w.kind] = true
+	}
+	kinds := map[history.FaultKind]bool{}
+	for _, name := range strings.Split(s, ",") {
+		k := history.FaultKind(strings.TrimSpace(name))
+		if !known[k] {
+			return nil, fmt.Errorf("unknown fault %q (known: stall, cut, pause, reload, kill, store-restart, store-kill)", k)
+		}
+		kinds[k] = true
+	}
+	return kinds, nil
 }

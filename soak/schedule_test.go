@@ -140,3 +140,22 @@ func TestTheWorkloadHasEveryBehaviour(t *testing.T) {
 		t.Errorf("in 1000 intents: %d shared keys, %d with several senders, %d on the fail_open route", shared, multi, open)
 	}
 }
+
+func TestAScheduleCanBeLimitedToSomeFaults(t *testing.T) {
+	kinds, err := parseKinds("stall,store-kill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := plan(scheduleOptions{seed: 3, length: time.Minute, every: time.Second,
+		instances: []string{"a", "b"}, lockTimeout: 3 * time.Second, kinds: kinds})
+	seen := map[history.FaultKind]int{}
+	for _, p := range s {
+		seen[p.Kind]++
+	}
+	if len(seen) != 2 || seen[history.Stall] == 0 || seen[history.StoreKill] == 0 {
+		t.Fatalf("drew %v, want stalls and store kills only", seen)
+	}
+	if _, err := parseKinds("stall,nap"); err == nil {
+		t.Fatal("an unknown fault is accepted")
+	}
+}

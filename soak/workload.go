@@ -102,12 +102,14 @@ func drawBehaviour(rng *rand.Rand, L time.Duration) behaviour {
 	frac := func(lo, hi float64) time.Duration { return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(L)) }
 	var b behaviour
 	switch p := rng.IntN(100); {
-	case p < 50:
+	case p < 45:
 		b.delay = time.Duration(rng.Int64N(int64(100 * time.Millisecond)))
-	case p < 80:
+	case p < 65:
 		b.delay = frac(0.4, 0.95)
 	default:
-		b.delay = frac(1.0, 1.6)
+		// Several renewals: a lease is lost to an outage only if the
+		// request still runs when it lapses.
+		b.delay = frac(1.0, 2.0)
 	}
 	switch p := rng.IntN(100); {
 	case p < 4:
