@@ -145,8 +145,8 @@ func (nm *nemesis) watch(ctx context.Context) {
 		case <-tick.C:
 		}
 		for _, n := range nm.c.nodes {
-			if !n.exitedOnItsOwn() {
-				continue
+			if !n.exitedOnItsOwn() || ctx.Err() != nil {
+				continue // an interrupted run's instances get the ^C too
 			}
 			logs := n.logs()
 			nm.rec.crash(history.Crash{Instance: n.name, At: nm.rec.now(),
