@@ -111,7 +111,7 @@ func (c *clients) sweep(ctx context.Context, workers, attempts int) {
 				rng := rngFor(c.seed, 4, in.ID)
 				for seq := 1; seq <= attempts && ctx.Err() == nil; seq++ {
 					n := c.nodes[rng.IntN(len(c.nodes))]
-					a := c.attempt(ctx, in, n, behaviour{timeout: 4 * c.L, sweepOnly: true})
+					a := c.attempt(ctx, in, n, behaviour{timeout: 4 * c.L})
 					a.Sender, a.Seq, a.Sweep = 0, seq, true
 					c.rec.attempt(a)
 					if finalForClient(&a) {

@@ -87,12 +87,11 @@ func newIntent(seed int64, worker, n, id int, lockTimeout time.Duration) intentS
 // behaviour is what one attempt asks of the upstream and how the client
 // behaves.
 type behaviour struct {
-	delay     time.Duration // the upstream works this long
-	status    int           // 0: the upstream's default (201)
-	breakOff  bool          // the upstream breaks off mid-body
-	hangUp    time.Duration // > 0: the client hangs up after this long
-	timeout   time.Duration // the client gives up after this long
-	sweepOnly bool          // the sweep's plain attempt
+	delay    time.Duration // the upstream works this long
+	status   int           // 0: the upstream's default (201)
+	breakOff bool          // the upstream breaks off mid-body
+	hangUp   time.Duration // > 0: the client hangs up after this long
+	timeout  time.Duration // the client gives up after this long
 }
 
 // drawBehaviour draws an attempt's behaviour. Slow executions outlast a
