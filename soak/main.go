@@ -10,7 +10,7 @@
 // ends with the line "N anomalies"; its exit status is 1 when N > 0.
 //
 //	go run ./soak [-seed N] [-duration 3m] [-instances 3] [-lock-timeout 3s]
-//	              [-tolerance 0.75] [-clients 12] [-faults stall,cut,...] [-out dir] [-v]
+//	              [-tolerance 0.75] [-clients 16] [-faults stall,cut,...] [-out dir] [-v]
 //	go run ./soak -check dir/history.json
 //
 // The same seed draws the same fault schedule and the same workload
@@ -60,7 +60,7 @@ func main() {
 	flag.DurationVar(&o.lockTimeout, "lock-timeout", 3*time.Second, "lock_timeout of every route")
 	flag.Float64Var(&o.tolerance, "tolerance", 0.75, "fraction of lock_timeout below which an outage or stall must never run a key twice")
 	flag.DurationVar(&o.storeTimeout, "store-timeout", 2*time.Second, "timeout of the storage blocks")
-	flag.IntVar(&o.clients, "clients", 12, "client workers, each with one intent at a time (sent by 1-3 senders)")
+	flag.IntVar(&o.clients, "clients", 16, "client workers, each with one intent at a time (sent by 1-3 senders)")
 	flag.DurationVar(&o.every, "fault-every", 1200*time.Millisecond, "mean gap between faults")
 	flag.DurationVar(&o.quiet, "quiet", 0, "quiet period between the last fault and the sweep (0: 4 x lock_timeout)")
 	flag.StringVar(&o.faults, "faults", "all", "the faults to inject, separated by commas: stall, cut, pause, reload, kill, store-restart, store-kill")

@@ -71,9 +71,9 @@ func newIntent(seed int64, worker, n, id int, lockTimeout time.Duration) intentS
 	// Some intents are sent by several clients at once (a double submit,
 	// a redelivery): the retries that meet a running request.
 	switch p := rng.IntN(100); {
-	case p < 40:
+	case p < 30:
 		in.Senders = 1
-	case p < 80:
+	case p < 75:
 		in.Senders = 2
 	default:
 		in.Senders = 3
