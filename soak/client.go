@@ -143,6 +143,10 @@ func (c *clients) attempt(ctx context.Context, in *intentSpec, n *node, b behavi
 		defer t.Stop()
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.url()+in.Path, bytes.NewReader(in.body))
+	// One attempt, one request: net/http would resend a request with an
+	// Idempotency-Key on a new connection when a reused one turns out
+	// dead, hiding a try from the history.
+	req.GetBody = nil
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", in.Key)
 	req.Header.Set("Authorization", in.Scope)
