@@ -10,6 +10,10 @@
 #   make check   gofmt, go vet, go mod tidy -diff and staticcheck
 #   make bench   the load benchmark (see docs/performance.md);
 #                BENCH_FLAGS="-write docs/performance.md" records the result
+#   make soak    the chaos soak (not part of make test; a few minutes): Caddy
+#                instances, a persistent Redis and a PostgreSQL of its own, retrying
+#                clients and a seeded nemesis; ends with "N anomalies" and fails on
+#                any. SOAK_FLAGS="-seed 42" replays a run (go run ./soak -h)
 #   make fuzz    longer fuzzing runs of every fuzz target (FUZZTIME each, default 1m)
 #                A duration budget can end in a spurious "context deadline exceeded"
 #                on Go 1.26 (golang/go#75804); make test therefore uses fuzz-short,
@@ -33,7 +37,7 @@ STATICCHECK  := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # them and removes their files, whatever the command's outcome.
 WITH_SERVERS := bin/testservers --
 
-.PHONY: run test check testservers unit build check-build fuzz fuzz-short bench
+.PHONY: run test check testservers unit build check-build fuzz fuzz-short bench soak
 
 run:
 	$(GO) run ./cmd/caddy run --config Caddyfile.example
@@ -102,3 +106,10 @@ BENCH_FLAGS ?=
 
 bench: testservers
 	$(WITH_SERVERS) $(GO) run ./bench $(BENCH_FLAGS)
+
+SOAK_FLAGS ?=
+
+# The soak starts its own servers (a persistent Redis it restarts), and
+# runs the xcaddy-built binary.
+soak: build
+	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak $(SOAK_FLAGS)

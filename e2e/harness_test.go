@@ -199,3 +199,36 @@ func TestHarnessProxyStallHoldsBytesWithoutClosingConnections(t *testing.T) {
 		t.Fatal("no echo after Restore")
 	}
 }
+
+func TestHarnessUpstreamLogsExecutionsAndNamesTheirRequests(t *testing.T) {
+	done := make(chan caddyproc.Execution, 2)
+	up, err := caddyproc.NewUpstreamWith(caddyproc.UpstreamOptions{
+		Echo:        []string{"X-Client"},
+		OnExecution: func(x caddyproc.Execution) { done <- x },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+
+	resp, body, err := upstreamPost(t, up, "named", "X-Client", "c1", "X-Upstream-Status", "202")
+	if err != nil || resp.StatusCode != 202 {
+		t.Fatalf("got %v, %v; want 202", resp, err)
+	}
+	const want = `{"execution":1,"key_execution":1,"request_bytes":2,"key":"named","echo":{"X-Client":"c1"}}`
+	if string(body) != want || resp.Header.Get("X-Execution") != "1" {
+		t.Fatalf("answer %s, X-Execution %q; want %s and 1", body, resp.Header.Get("X-Execution"), want)
+	}
+	x := <-done
+	if x.N != 1 || x.Status != 202 || string(x.Answer) != want || string(x.Body) != `{}` ||
+		x.Header.Get("X-Client") != "c1" || x.BrokeOff || !x.Delivered || x.End.Before(x.Start) {
+		t.Fatalf("logged %+v", x)
+	}
+
+	if _, _, err := upstreamPost(t, up, "broken", "X-Upstream-Break-After", "10"); err == nil {
+		t.Fatal("a broken-off answer read without error")
+	}
+	if x := <-done; x.N != 2 || x.Status != 201 || !x.BrokeOff || x.Delivered || len(x.Answer) != 10 {
+		t.Fatalf("logged %+v, want a broken-off 201 after 10 bytes", x)
+	}
+}

@@ -67,6 +67,7 @@ func Start(bin, dir, name string, port int, cfg Config) (*Instance, error) {
 		"XDG_CONFIG_HOME="+filepath.Join(inst.dir, "config"),
 	)
 	inst.cmd.Stdout, inst.cmd.Stderr = inst.logBuf, inst.logBuf
+	inst.cmd.SysProcAttr = procAttr()
 	if err := inst.cmd.Start(); err != nil {
 		return nil, err
 	}

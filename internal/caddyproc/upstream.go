@@ -1,6 +1,7 @@
 package caddyproc
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -31,16 +32,47 @@ import (
 //	X-Upstream-Chunk-Delay: with X-Upstream-Size, milliseconds to pause
 //	                        after each chunk: a slow download
 //
+// Every response also carries X-Execution, the request's number among all
+// the upstream served.
+//
 // Executions are counted when a request arrives; Finished and Delivered
 // tell how the answers ended.
 type Upstream struct {
 	Addr string
 
+	opts     UpstreamOptions
 	total    atomic.Int64
 	mu       sync.Mutex
 	perKey   map[string]*keyStats
 	srv      *http.Server
 	listener net.Listener
+}
+
+// UpstreamOptions make an Upstream tell more about what it did.
+type UpstreamOptions struct {
+	// Echo names request headers whose values the default JSON answer
+	// repeats (in "echo"), beside the request's Idempotency-Key ("key"),
+	// so that whoever gets the answer can tell whose request it answers.
+	// Never name a credential in tests that check where credentials end
+	// up: the answer is recorded in the store.
+	Echo []string
+	// OnExecution, when set, is called with every request served, once
+	// its handler has returned (the answer written or broken off).
+	OnExecution func(Execution)
+}
+
+// Execution is one request the upstream served, for a history of them.
+type Execution struct {
+	N            int64  // its number among all requests served (X-Execution)
+	KeyExecution int    // its number among the requests with its key
+	Path         string // the request's URL path
+	Header       http.Header
+	Body         []byte // the request's body
+	Start, End   time.Time
+	Status       int    // the status sent
+	Answer       []byte // the body bytes written
+	BrokeOff     bool   // the answer broke off mid-body (X-Upstream-Break-After)
+	Delivered    bool   // the whole answer was written
 }
 
 // ChunkSize is the size of the chunks of an X-Upstream-Size answer.
@@ -54,12 +86,15 @@ type keyStats struct {
 }
 
 // NewUpstream starts an Upstream on a free loopback port.
-func NewUpstream() (*Upstream, error) {
+func NewUpstream() (*Upstream, error) { return NewUpstreamWith(UpstreamOptions{}) }
+
+// NewUpstreamWith starts an Upstream with opts on a free loopback port.
+func NewUpstreamWith(opts UpstreamOptions) (*Upstream, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	u := &Upstream{Addr: l.Addr().String(), perKey: make(map[string]*keyStats), listener: l}
+	u := &Upstream{Addr: l.Addr().String(), opts: opts, perKey: make(map[string]*keyStats), listener: l}
 	u.srv = &http.Server{Handler: u, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = u.srv.Serve(l) }()
 	return u, nil
@@ -79,6 +114,9 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	st.executions++
 	exec := st.executions
 	u.mu.Unlock()
+	x := Execution{N: n, KeyExecution: exec, Path: r.URL.Path, Header: r.Header.Clone(), Body: body, Start: time.Now()}
+	tw := &teeWriter{ResponseWriter: w, keep: u.opts.OnExecution != nil}
+	w = tw
 	delivered := false
 	defer func() {
 		u.mu.Lock()
@@ -87,6 +125,10 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			st.delivered++
 		}
 		u.mu.Unlock()
+		if u.opts.OnExecution != nil {
+			x.End, x.Status, x.Answer, x.Delivered = time.Now(), tw.status, tw.written, delivered
+			u.opts.OnExecution(x)
+		}
 	}()
 
 	if ms, err := strconv.Atoi(r.Header.Get("X-Upstream-Delay")); err == nil && ms > 0 {
@@ -97,6 +139,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status = s
 	}
 	w.Header().Set("X-Key-Execution", strconv.Itoa(exec))
+	w.Header().Set("X-Execution", strconv.FormatInt(n, 10))
 	rc := http.NewResponseController(w)
 
 	if size, err := strconv.Atoi(r.Header.Get("X-Upstream-Break-After")); err == nil && size >= 0 {
@@ -108,6 +151,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if conn, _, err := rc.Hijack(); err == nil {
 			conn.Close()
 		}
+		x.BrokeOff = true
 		return
 	}
 
@@ -136,9 +180,60 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_, err := fmt.Fprintf(w, `{"execution":%d,"key_execution":%d,"request_bytes":%d}`, n, exec, len(body))
+	_, err := w.Write(u.answer(n, exec, key, len(body), r.Header))
 	delivered = err == nil
 }
+
+// answer is the default JSON answer: the execution numbers, the request's
+// size and, with Echo, its key and echoed headers.
+func (u *Upstream) answer(n int64, exec int, key string, size int, h http.Header) []byte {
+	v := struct {
+		Execution    int64             `json:"execution"`
+		KeyExecution int               `json:"key_execution"`
+		RequestBytes int               `json:"request_bytes"`
+		Key          *string           `json:"key,omitempty"`
+		Echo         map[string]string `json:"echo,omitempty"`
+	}{Execution: n, KeyExecution: exec, RequestBytes: size}
+	if u.opts.Echo != nil {
+		v.Key = &key
+		v.Echo = make(map[string]string, len(u.opts.Echo))
+		for _, name := range u.opts.Echo {
+			v.Echo[name] = h.Get(name)
+		}
+	}
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// teeWriter keeps the status and the body bytes written, for an
+// Execution. It forwards what http.ResponseController needs (Flush,
+// Hijack) through Unwrap.
+type teeWriter struct {
+	http.ResponseWriter
+	keep    bool // keep the body bytes
+	status  int  // the final status
+	written []byte
+}
+
+func (t *teeWriter) WriteHeader(code int) {
+	if t.status == 0 && code >= 200 {
+		t.status = code
+	}
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *teeWriter) Write(p []byte) (int, error) {
+	if t.status == 0 {
+		t.status = http.StatusOK
+	}
+	n, err := t.ResponseWriter.Write(p)
+	if t.keep {
+		t.written = append(t.written, p[:n]...)
+	}
+	return n, err
+}
+
+func (t *teeWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 // Pattern is the body of the sized answers: n bytes that show where a
 // piece was cut from (each 8-byte group is its own offset, in hex).

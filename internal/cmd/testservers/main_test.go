@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	srv "github.com/caddy-idempotency/caddy-idempotency/internal/servers"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
@@ -30,18 +31,6 @@ func TestServersNamedInTheEnvironmentAreNotStarted(t *testing.T) {
 		redis, postgres := wanted(func(name string) string { return tt.env[name] })
 		if redis != tt.wantRedis || postgres != tt.wantPostgres {
 			t.Errorf("%v: starts redis %v, postgres %v; want %v, %v", tt.env, redis, postgres, tt.wantRedis, tt.wantPostgres)
-		}
-	}
-}
-
-func TestDebianPostgresVersions(t *testing.T) {
-	for path, want := range map[string]int{
-		"/usr/lib/postgresql/15/bin/initdb": 15,
-		"/usr/lib/postgresql/9/bin/initdb":  9,
-		"/usr/local/bin/initdb":             0,
-	} {
-		if got := pgVersion(path); got != want {
-			t.Errorf("pgVersion(%s) = %d, want %d", path, got, want)
 		}
 	}
 }
@@ -72,8 +61,8 @@ func TestRunStartsPrivateServersAndLeavesNothingBehind(t *testing.T) {
 	for _, name := range []string{envRedisURL, envRedisAddr, envPostgresDSN} {
 		t.Setenv(name, "")
 	}
-	if _, missing := lookBinaries(true, true); len(missing) > 0 {
-		testutil.Unavailable(t, "not installed: %s", missingPrograms(missing))
+	if _, missing := srv.Look(true, true); len(missing) > 0 {
+		testutil.Unavailable(t, "not installed: %s", srv.MissingPrograms(missing))
 	}
 	// Under root PostgreSQL runs as another user, who must reach the
 	// directory.
@@ -108,7 +97,7 @@ func TestRunStartsPrivateServersAndLeavesNothingBehind(t *testing.T) {
 		t.Errorf("the command saw %s=%q", envPostgresDSN, dsn)
 	}
 	// Gone: the servers and their directory.
-	if err := ping(addr); err == nil {
+	if err := srv.PingRedis(addr); err == nil {
 		t.Errorf("redis-server on %s still answers", addr)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -1,6 +1,6 @@
 //go:build unix
 
-package main
+package servers
 
 import (
 	"fmt"
@@ -12,35 +12,37 @@ import (
 	"strings"
 )
 
-// binaries are the server programs a run needs.
-type binaries struct {
-	redis    string // redis-server
-	initdb   string
-	postgres string // from initdb's directory: the two must match
+// Binaries are the server programs a Set runs.
+type Binaries struct {
+	Redis    string // redis-server
+	Initdb   string
+	Postgres string // from initdb's directory: the two must match
 }
 
 // debianPostgresBins is where Debian's postgresql-<version> packages put
 // the server programs; they are not on PATH there.
 const debianPostgresBins = "/usr/lib/postgresql/*/bin/initdb"
 
-// findBinaries looks the servers up, and installs missing ones with
-// apt-get when running as root. As anyone else it stops and says what to
-// run: a test command does not install software behind a contributor's
-// back.
-func findBinaries(redis, postgres bool) (binaries, error) {
-	b, missing := lookBinaries(redis, postgres)
+// Find looks the servers wanted up, and installs missing ones with apt-get
+// when running as root (CI, a container), logging what it does. As anyone
+// else it stops and says what to run: a test command does not install
+// software behind a contributor's back.
+func Find(redis, postgres bool, logf func(format string, args ...any)) (Binaries, error) {
+	b, missing := Look(redis, postgres)
 	if len(missing) == 0 {
 		return b, nil
 	}
 	pkgs := strings.Join(missing, " ")
-	what := missingPrograms(missing)
+	what := MissingPrograms(missing)
 	if os.Geteuid() != 0 {
-		return b, fmt.Errorf("not found: %s. Install with\n\n\tsudo apt-get install %s\n\nor set %s / %s to servers to use instead", what, pkgs, envRedisURL, envPostgresDSN)
+		return b, fmt.Errorf("not found: %s. Install with\n\n\tsudo apt-get install %s", what, pkgs)
 	}
 	if _, err := exec.LookPath("apt-get"); err != nil {
-		return b, fmt.Errorf("not found: %s, and there is no apt-get to install them with; install them, or set %s / %s to servers to use instead", what, envRedisURL, envPostgresDSN)
+		return b, fmt.Errorf("not found: %s, and there is no apt-get to install them with", what)
 	}
-	logf("not found: %s; installing the Debian package(s) %s with apt-get, as this runs as root (the run starts instances of its own; the packages' system services are left as they are)", what, pkgs)
+	if logf != nil {
+		logf("not found: %s; installing the Debian package(s) %s with apt-get, as this runs as root (the run starts instances of its own; the packages' system services are left as they are)", what, pkgs)
+	}
 	for _, args := range [][]string{{"update", "-qq"}, append([]string{"install", "-y", "-qq", "--no-install-recommends"}, missing...)} {
 		cmd := exec.Command("apt-get", args...)
 		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
@@ -49,14 +51,14 @@ func findBinaries(redis, postgres bool) (binaries, error) {
 			return b, fmt.Errorf("apt-get %s: %w", strings.Join(args, " "), err)
 		}
 	}
-	if b, missing = lookBinaries(redis, postgres); len(missing) > 0 {
-		return b, fmt.Errorf("installed %s, but still not found: %s", pkgs, missingPrograms(missing))
+	if b, missing = Look(redis, postgres); len(missing) > 0 {
+		return b, fmt.Errorf("installed %s, but still not found: %s", pkgs, MissingPrograms(missing))
 	}
 	return b, nil
 }
 
-// missingPrograms names the programs of the Debian packages pkgs.
-func missingPrograms(pkgs []string) string {
+// MissingPrograms names the programs of the Debian packages pkgs.
+func MissingPrograms(pkgs []string) string {
 	var names []string
 	for _, p := range pkgs {
 		switch p {
@@ -69,12 +71,12 @@ func missingPrograms(pkgs []string) string {
 	return strings.Join(names, ", ")
 }
 
-// lookBinaries finds the servers wanted and names the Debian packages of
-// those it cannot find.
-func lookBinaries(redis, postgres bool) (b binaries, missing []string) {
+// Look finds the servers wanted and names the Debian packages of those it
+// cannot find.
+func Look(redis, postgres bool) (b Binaries, missing []string) {
 	if redis {
 		if p, err := exec.LookPath("redis-server"); err == nil {
-			b.redis = p
+			b.Redis = p
 		} else {
 			missing = append(missing, "redis-server")
 		}
@@ -82,7 +84,7 @@ func lookBinaries(redis, postgres bool) (b binaries, missing []string) {
 	if postgres {
 		found := false
 		for _, initdb := range postgresCandidates() {
-			if b.initdb, b.postgres, found = postgresPair(initdb); found {
+			if b.Initdb, b.Postgres, found = postgresPair(initdb); found {
 				break
 			}
 		}

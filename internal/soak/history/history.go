@@ -1,0 +1,192 @@
+// Package history is the record of a chaos soak (soak/, `make soak`) and
+// its checker. The soak logs every client attempt, every upstream
+// execution and every fault it injects; Check judges the whole history
+// against the promise of docs/guarantees.md:
+//
+//  1. no duplicate execution of a (scope, key) that a documented exception
+//     does not excuse, and which exception excused each one that is;
+//  2. replays agree with each other and with the execution they name;
+//  3. no client gets an answer made for another key, scope or request;
+//  4. liveness: once the faults have stopped and a quiet period passed,
+//     every intent gets a final answer (no key stuck in flight);
+//  5. no 5xx the documentation does not list for the situation.
+//
+// Times are offsets from the start of the run, all read from one clock
+// (the soak's process), so that a history can be saved, loaded and
+// checked again, and unit tests can write histories by hand.
+package history
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"time"
+)
+
+// History is everything one soak run did and saw.
+type History struct {
+	Params     Params
+	Intents    []Intent
+	Attempts   []Attempt
+	Executions []Execution
+	Faults     []Fault
+	Crashes    []Crash
+	// NemesisEnd is when the last fault ended: from then on nothing is
+	// injected.
+	NemesisEnd time.Duration
+	// SweepStart is when the liveness sweep began, after the quiet
+	// period; 0 when the run ended before it.
+	SweepStart time.Duration
+}
+
+// Params are the settings the promise is judged against.
+type Params struct {
+	Seed        int64
+	LockTimeout time.Duration
+	// Tolerance is the fraction of LockTimeout below which a store outage
+	// or a stall must never run a key twice (docs/guarantees.md).
+	Tolerance float64
+	// StoreTimeout is the stores' per-call timeout (the storage blocks'
+	// timeout): a 503 can come that long after a fault.
+	StoreTimeout time.Duration
+	// RedisReconnect is how long go-redis may keep failing after Redis is
+	// reachable again (about a second, docs/guarantees.md): it lengthens
+	// every Redis outage.
+	RedisReconnect time.Duration
+}
+
+// Store names.
+const (
+	Redis    = "redis"
+	Postgres = "postgres"
+)
+
+// Intent is one operation a client wants done once: a key, in a scope,
+// with a body, on a route (whose store and on_storage_error it names).
+type Intent struct {
+	ID         int
+	Scope      string // the Authorization header: the scope marker
+	Key        string
+	Path       string
+	Store      string // Redis or Postgres
+	FailOpen   bool   // the route has on_storage_error fail_open
+	BodyDigest string // of the request body
+	Senders    int    // clients sending it at the same time
+}
+
+// Attempt is one request a client sent for an intent, and what it got.
+type Attempt struct {
+	Intent   int
+	Sender   int
+	Seq      int  // the sender's attempt number, from 1
+	Sweep    bool // sent by the liveness sweep
+	Instance string
+	Start    time.Duration
+	End      time.Duration
+
+	// What the attempt asked the upstream for (request headers that are
+	// not part of the fingerprint).
+	AskDelay  time.Duration
+	AskStatus int  // 0: the upstream's default (201)
+	AskBreak  bool // break off mid-body after the status
+	HungUp    bool // the client hung up mid-request on purpose
+
+	Status      int    // 0: no response
+	Err         string // the request or reading its body failed
+	Replayed    bool   // Idempotent-Replayed: true
+	BodyOmitted bool   // Idempotent-Body-Omitted: true
+	Problem     string // the type of a problem+json answer
+	Execution   int64  // X-Execution: the upstream execution it names
+	BodyDigest  string // of the body read (whole or not)
+	// From the upstream's JSON answer, when the body is one.
+	BodyExecution int64
+	BodyKey       string
+	BodyScope     string
+}
+
+// Execution is one request the upstream served.
+type Execution struct {
+	N            int64 // X-Execution
+	Key          string
+	Scope        string
+	Path         string
+	Instance     string // the Caddy instance that passed it on
+	BodyDigest   string // of the request body
+	Start, End   time.Duration
+	Status       int
+	AnswerDigest string
+	BrokeOff     bool // sent the status, then broke off mid-body
+}
+
+// FaultKind names what the nemesis did.
+type FaultKind string
+
+// Fault kinds.
+const (
+	Kill         FaultKind = "kill"          // kill -9 of an instance, then a restart
+	Pause        FaultKind = "pause"         // SIGSTOP of an instance, then SIGCONT
+	Stall        FaultKind = "stall"         // an instance's link to a store black-holed
+	Cut          FaultKind = "cut"           // an instance's link to a store cut (refused, closed)
+	StoreRestart FaultKind = "store-restart" // a store stopped cleanly and started again
+	StoreKill    FaultKind = "store-kill"    // a store killed (kill -9) and started again
+	Reload       FaultKind = "reload"        // a config reload through the admin API
+)
+
+// Fault is one fault, from when it began to when it was healed (for a
+// kill, the restarted instance answering; for a store, the store taking
+// connections again).
+type Fault struct {
+	Kind     FaultKind
+	Instance string // "" for store faults
+	Store    string // "" for instance faults
+	Start    time.Duration
+	End      time.Duration
+	Note     string // what varied (a reload's config), or why applying it failed
+}
+
+// Crash is a Caddy instance that panicked or exited on its own.
+type Crash struct {
+	Instance string
+	At       time.Duration
+	What     string
+}
+
+// Save writes h as JSON to path.
+func (h *History) Save(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(f)
+	if err := enc.Encode(h); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Load reads a history that Save wrote.
+func Load(r io.Reader) (*History, error) {
+	var h History
+	if err := json.NewDecoder(r).Decode(&h); err != nil {
+		return nil, err
+	}
+	return &h, nil
+}
+
+// releases reports whether status frees the key (release_on's default:
+// 5xx 401 403 407 408 429).
+func releases(status int) bool {
+	switch status {
+	case 401, 403, 407, 408, 429:
+		return true
+	}
+	return status >= 500 && status <= 599
+}
+
+// final reports whether a got the answer its intent was after: the
+// upstream's own answer (new or replayed), whole, and one that does not
+// free the key.
+func (a *Attempt) final() bool {
+	return a.Status > 0 && a.Err == "" && !a.HungUp && a.Execution > 0 && !releases(a.Status)
+}

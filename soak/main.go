@@ -1,0 +1,288 @@
+// Command soak is the chaos soak of `make soak`: real `caddy run`
+// instances built from the checkout share a private, persistent Redis and
+// a private PostgreSQL, each instance reaching each store through a TCP
+// proxy of its own; a population of retrying clients sends intents to
+// random instances; a nemesis on a seeded schedule kills, stops and
+// reloads instances, restarts and kills the stores, and black-holes and
+// cuts the links; the upstream logs every execution. Then the faults stop,
+// a quiet period passes, and a sweep asks for every intent once more. The
+// checker (internal/soak/history) judges the whole history and the run
+// ends with the line "N anomalies"; its exit status is 1 when N > 0.
+//
+//	go run ./soak [-seed N] [-duration 3m] [-instances 3] [-lock-timeout 3s]
+//	              [-tolerance 0.75] [-clients 16] [-faults stall,cut,...] [-out dir] [-v]
+//	go run ./soak -check dir/history.json
+//
+// The same seed draws the same fault schedule and the same workload
+// (intents, behaviours, backoffs, instances); real processes decide the
+// rest. Everything listens on loopback; every file lives in a temporary
+// directory removed at the end, also on ^C (-out keeps the history, the
+// report and Caddy's logs).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
+)
+
+type options struct {
+	seed         int64
+	duration     time.Duration
+	instances    int
+	lockTimeout  time.Duration
+	tolerance    float64
+	storeTimeout time.Duration
+	clients      int
+	every        time.Duration
+	quiet        time.Duration
+	faults       string
+	out          string
+	check        string
+	verbose      bool
+}
+
+func main() {
+	var o options
+	flag.Int64Var(&o.seed, "seed", 0, "seed of the fault schedule and the workload (0: from the clock; printed)")
+	flag.DurationVar(&o.duration, "duration", 3*time.Minute, "how long faults are injected and new intents issued")
+	flag.IntVar(&o.instances, "instances", 3, "Caddy instances")
+	flag.DurationVar(&o.lockTimeout, "lock-timeout", 3*time.Second, "lock_timeout of every route")
+	flag.Float64Var(&o.tolerance, "tolerance", 0.75, "fraction of lock_timeout below which an outage or stall must never run a key twice")
+	flag.DurationVar(&o.storeTimeout, "store-timeout", 2*time.Second, "timeout of the storage blocks")
+	flag.IntVar(&o.clients, "clients", 16, "client workers, each with one intent at a time (sent by 1-3 senders)")
+	flag.DurationVar(&o.every, "fault-every", 1200*time.Millisecond, "mean gap between faults")
+	flag.DurationVar(&o.quiet, "quiet", 0, "quiet period between the last fault and the sweep (0: 4 x lock_timeout)")
+	flag.StringVar(&o.faults, "faults", "all", "the faults to inject, separated by commas: stall, cut, pause, reload, kill, store-restart, store-kill")
+	flag.StringVar(&o.out, "out", "", "keep the history (history.json), the report and Caddy's logs in this directory")
+	flag.StringVar(&o.check, "check", "", "only check a saved history.json and print its report")
+	flag.BoolVar(&o.verbose, "v", false, "print the schedule and each fault as it ends")
+	flag.Parse()
+	os.Exit(run(o))
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "soak: "+format+"\n", args...)
+}
+
+// Exit statuses.
+const (
+	exitClean       = 0
+	exitAnomalies   = 1
+	exitFailed      = 2
+	exitInterrupted = 130
+)
+
+func run(o options) int {
+	if o.check != "" {
+		return checkSaved(o.check)
+	}
+	if o.seed == 0 {
+		o.seed = time.Now().UnixNano() % 1_000_000_000
+	}
+	if o.quiet == 0 {
+		o.quiet = 4 * o.lockTimeout
+	}
+	kinds, err := parseKinds(o.faults)
+	if err != nil {
+		logf("-faults: %v", err)
+		return exitFailed
+	}
+	if o.instances < 2 || o.instances > 26 || o.clients < 1 || o.lockTimeout < time.Second {
+		logf("need 2-26 instances, a client and a lock_timeout of at least 1s")
+		return exitFailed
+	}
+	fmt.Printf("soak: seed %d (replay: make soak SOAK_FLAGS='-seed %d%s')\n", o.seed, o.seed, replayFlags(o))
+
+	// ^C or SIGTERM ends the run early; everything is still cleaned up.
+	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	// make soak names the xcaddy-built binary; otherwise go build makes one.
+	dir := ""
+	if os.Getenv(caddyproc.EnvBinary) == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "caddy-soak-build-"); err != nil {
+			logf("%v", err)
+			return exitFailed
+		}
+		defer os.RemoveAll(dir)
+	}
+	bin, err := caddyproc.Build(dir)
+	if err != nil {
+		logf("building caddy: %v", err)
+		return exitFailed
+	}
+
+	params := history.Params{Seed: o.seed, LockTimeout: o.lockTimeout, Tolerance: o.tolerance,
+		StoreTimeout: o.storeTimeout, RedisReconnect: time.Second}
+	rec := newRecorder(params)
+	site := siteSettings{lockTimeout: o.lockTimeout, storeTimeout: o.storeTimeout}
+	c, err := startCluster(bin, o.instances, site, rec, logf)
+	if err != nil {
+		logf("starting the cluster: %v", err)
+		return exitFailed
+	}
+	closed := false
+	closeCluster := func() {
+		if !closed {
+			closed = true
+			if err := c.close(); err != nil {
+				logf("cleaning up: %v", err)
+			}
+		}
+	}
+	defer closeCluster()
+	rec.start = time.Now() // the schedule counts from here
+
+	names := make([]string, len(c.nodes))
+	for i, n := range c.nodes {
+		names[i] = n.name
+	}
+	schedule := plan(scheduleOptions{seed: o.seed, length: o.duration, every: o.every, instances: names, lockTimeout: o.lockTimeout, kinds: kinds})
+	logf("%d instances, lock_timeout %s, tolerance %.2f, %d client workers, %d faults over %s",
+		len(c.nodes), o.lockTimeout, o.tolerance, o.clients, len(schedule), o.duration)
+	if o.verbose {
+		for _, p := range schedule {
+			logf("planned %s", p)
+		}
+	}
+
+	nm := &nemesis{c: c, rec: rec, logf: logf, verbose: o.verbose}
+	watching, stopWatching := context.WithCancel(interrupted)
+	go nm.watch(watching)
+	go progress(watching, rec)
+
+	// Chaos: faults and new intents for the duration.
+	issuing, stopIssuing := context.WithTimeout(interrupted, o.duration)
+	defer stopIssuing()
+	cl := newClients(o.seed, o.lockTimeout, c.nodes, rec)
+	var workers sync.WaitGroup
+	for w := range o.clients {
+		workers.Add(1)
+		go func() { defer workers.Done(); cl.work(issuing, interrupted, w) }()
+	}
+	nm.run(issuing, interrupted, schedule)
+	rec.mark(func(h *history.History) { h.NemesisEnd = rec.now() })
+	logf("faults stopped at %.1fs; waiting for the clients' last intents", rec.now().Seconds())
+	workers.Wait()
+
+	// Quiet, then the sweep: every intent must get its final answer.
+	sleep(interrupted, o.quiet)
+	if interrupted.Err() == nil {
+		rec.mark(func(h *history.History) { h.SweepStart = rec.now() })
+		logf("quiet for %s; sweeping every intent at %.1fs", o.quiet, rec.now().Seconds())
+		cl.sweep(interrupted, 8, 6)
+	}
+	stopWatching()
+	for _, n := range c.nodes {
+		for _, p := range n.panics() {
+			rec.crash(history.Crash{Instance: n.name, At: rec.now(), What: p})
+		}
+	}
+	if o.out != "" {
+		if err := errors.Join(os.MkdirAll(o.out, 0o755), c.saveLogs(o.out)); err != nil {
+			logf("saving Caddy's logs: %v", err)
+		}
+	}
+	closeCluster()
+
+	h := rec.snapshot()
+	if interrupted.Err() != nil {
+		h.SweepStart = 0 // no liveness verdict on an interrupted run
+	}
+	code := report(h, o.out)
+	if interrupted.Err() != nil {
+		logf("interrupted: the history above is partial")
+		return exitInterrupted
+	}
+	return code
+}
+
+// report checks h, prints the report (and saves it with the history in
+// out), and returns the exit status.
+func report(h *history.History, out string) int {
+	r := history.Check(h)
+	r.Write(os.Stdout, h)
+	if out != "" {
+		err := errors.Join(os.MkdirAll(out, 0o755), h.Save(filepath.Join(out, "history.json")))
+		if f, ferr := os.Create(filepath.Join(out, "report.txt")); ferr == nil {
+			r.Write(f, h)
+			err = errors.Join(err, f.Close())
+		}
+		if err != nil {
+			logf("saving the history: %v", err)
+		}
+	}
+	if len(r.Anomalies) > 0 {
+		return exitAnomalies
+	}
+	return exitClean
+}
+
+// checkSaved checks a history saved with -out.
+func checkSaved(path string) int {
+	f, err := os.Open(path)
+	if err != nil {
+		logf("%v", err)
+		return exitFailed
+	}
+	defer f.Close()
+	h, err := history.Load(f)
+	if err != nil {
+		logf("%s: %v", path, err)
+		return exitFailed
+	}
+	return report(h, "")
+}
+
+// replayFlags are the flags besides the seed that shape a run, for the
+// replay line.
+func replayFlags(o options) string {
+	s := ""
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, name := range []string{"duration", "instances", "lock-timeout", "tolerance", "store-timeout", "clients", "fault-every", "quiet", "faults"} {
+		if set[name] {
+			s += fmt.Sprintf(" -%s %s", name, flag.Lookup(name).Value)
+		}
+	}
+	return s
+}
+
+// progress prints a line every 15 seconds.
+func progress(ctx context.Context, rec *recorder) {
+	t := time.NewTicker(15 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			in, at, ex, f := rec.counts()
+			logf("%5.0fs: %d intents, %d attempts, %d executions, %d faults", rec.now().Seconds(), in, at, ex, f)
+		}
+	}
+}
+
+// lastLines is the end of a log.
+func lastLines(s string, n int) string {
+	for i, count := len(s)-1, 0; i >= 0; i-- {
+		if s[i] == '\n' {
+			if count++; count > n {
+				return s[i+1:]
+			}
+		}
+	}
+	return s
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
+)
+
+// route is a path prefix of every instance's site: an idempotency handler
+// on one store.
+type route struct {
+	path     string // "/redis/"
+	store    string
+	failOpen bool
+}
+
+// routes are the sites' routes; the fail_open one shares the Redis store
+// (and its key namespace) with /redis/.
+var routes = []route{
+	{"/redis/", history.Redis, false},
+	{"/postgres/", history.Postgres, false},
+	{"/open/", history.Redis, true},
+}
+
+// intentSpec is an intent and its request body.
+type intentSpec struct {
+	history.Intent
+	body []byte
+	// lag is when each sender after the first starts, after the first.
+	lag []time.Duration
+}
+
+// rngFor is a random source of its own for one part of the workload
+// (a worker's n-th intent, one of its senders, the sweep of an intent),
+// so that what each part draws depends on the seed alone, not on how
+// the parts interleave in time.
+func rngFor(seed int64, parts ...int) *rand.Rand {
+	var s uint64 = 0x9e3779b97f4a7c15
+	for _, p := range parts {
+		s = s*0x100000001b3 ^ uint64(p)
+	}
+	return rand.New(rand.NewPCG(uint64(seed), s))
+}
+
+// newIntent draws worker's n-th intent. A tenth of the keys are shared
+// between clients (each in its own scope), so that an answer crossing
+// scopes would show.
+func newIntent(seed int64, worker, n, id int, lockTimeout time.Duration) intentSpec {
+	rng := rngFor(seed, 1, worker, n)
+	in := intentSpec{Intent: history.Intent{ID: id, Scope: fmt.Sprintf("Bearer soak-client-%d", worker)}}
+	in.Key = fmt.Sprintf("k-%d-%d", worker, n)
+	if rng.IntN(10) == 0 {
+		in.Key = fmt.Sprintf("shared-%d", n)
+	}
+	var r route
+	switch p := rng.IntN(100); {
+	case p < 45:
+		r = routes[0]
+	case p < 90:
+		r = routes[1]
+	default:
+		r = routes[2]
+	}
+	in.Path, in.Store, in.FailOpen = r.path+"orders", r.store, r.failOpen
+	in.body = fmt.Appendf(nil, `{"order":"%d-%d","amount":%d,"currency":"EUR"}`, worker, n, 1+rng.IntN(100000))
+	in.BodyDigest = digest(in.body)
+	// Some intents are sent by several clients at once (a double submit,
+	// a redelivery): the retries that meet a running request.
+	switch p := rng.IntN(100); {
+	case p < 30:
+		in.Senders = 1
+	case p < 75:
+		in.Senders = 2
+	default:
+		in.Senders = 3
+	}
+	for range in.Senders - 1 {
+		in.lag = append(in.lag, time.Duration(rng.Int64N(int64(lockTimeout*6/10))))
+	}
+	return in
+}
+
+// behaviour is what one attempt asks of the upstream and how the client
+// behaves.
+type behaviour struct {
+	delay    time.Duration // the upstream works this long
+	status   int           // 0: the upstream's default (201)
+	breakOff bool          // the upstream breaks off mid-body
+	hangUp   time.Duration // > 0: the client hangs up after this long
+	timeout  time.Duration // the client gives up after this long
+}
+
+// drawBehaviour draws an attempt's behaviour. Slow executions outlast a
+// renewal period (a third of lock_timeout) or the whole lease, so that
+// renewals matter.
+func drawBehaviour(rng *rand.Rand, L time.Duration) behaviour {
+	frac := func(lo, hi float64) time.Duration { return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(L)) }
+	var b behaviour
+	switch p := rng.IntN(100); {
+	case p < 45:
+		b.delay = time.Duration(rng.Int64N(int64(100 * time.Millisecond)))
+	case p < 65:
+		b.delay = frac(0.4, 0.95)
+	default:
+		// Several renewals: a lease is lost to an outage only if the
+		// request still runs when it lapses.
+		b.delay = frac(1.0, 2.0)
+	}
+	switch p := rng.IntN(100); {
+	case p < 4:
+		b.status = 500
+	case p < 7:
+		b.status = 503
+	case p < 10:
+		b.status = 404 // recorded like a success
+	case p < 15:
+		b.breakOff = true
+	}
+	if rng.IntN(100) < 4 {
+		b.hangUp = time.Duration(rng.Int64N(int64(b.delay + 100*time.Millisecond)))
+	}
+	b.timeout = 4 * L
+	if rng.IntN(100) < 20 { // an impatient client retries while its request runs
+		b.timeout = frac(0.3, 1.5)
+	}
+	return b
+}
+
+// digest is a short hex digest of b, for comparing bodies in a history.
+func digest(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
