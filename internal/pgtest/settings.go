@@ -2,7 +2,9 @@ package pgtest
 
 import (
 	"context"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -106,4 +108,27 @@ func checkLevel(t testing.TB, level string) {
 		}
 	}
 	t.Fatalf("pgtest: isolation level %q: want one of %q", level, isolationLevels)
+}
+
+// Address returns the host:port that dsn connects to.
+func Address(t testing.TB, dsn string) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatalf("parsing the test server's DSN: %v", err)
+	}
+	return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+}
+
+// WithAddress returns dsn connecting to addr (host:port) instead, e.g.
+// through a proxy that can cut or stall the connections.
+func WithAddress(dsn, addr string) string {
+	host, port, _ := net.SplitHostPort(addr)
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		if u, err := url.Parse(dsn); err == nil {
+			u.Host = addr
+			return u.String()
+		}
+	}
+	return dsn + " host=" + host + " port=" + port
 }

@@ -2,7 +2,9 @@ package postgres
 
 import (
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -68,9 +70,15 @@ func indexEntrySize(scopeLen, keyLen int) int {
 	return (n + maxAlign - 1) &^ (maxAlign - 1)
 }
 
-// checkKey refuses a key whose index entry PostgreSQL could not store,
-// before any I/O.
+// checkKey refuses, before any I/O, a key PostgreSQL could not store: one
+// whose index entry would be too large, or that a text column cannot
+// hold (a NUL byte, or bytes that are not UTF-8).
 func checkKey(key storage.Key) error {
+	for _, part := range []string{key.Scope, key.ID} {
+		if !utf8.ValidString(part) || strings.IndexByte(part, 0) >= 0 {
+			return fmt.Errorf("%w: a PostgreSQL text column holds UTF-8 without NUL bytes, and the key or its scope is not such text", storage.ErrInvalid)
+		}
+	}
 	if indexEntrySize(len(key.Scope), len(key.ID)) > maxIndexEntry {
 		return fmt.Errorf("%w: a key of %d bytes in a scope of %d bytes is longer than PostgreSQL can index (for %d-byte scopes, at most %d bytes)",
 			storage.ErrInvalid, len(key.ID), len(key.Scope), moduleScopeLen, maxKeyLength)

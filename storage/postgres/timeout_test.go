@@ -64,6 +64,8 @@ func TestStatementsTimeOutAndAreCancelledOnTheServer(t *testing.T) {
 		if err == nil || errors.Is(err, storage.ErrLeaseLost) || errors.Is(err, storage.ErrNotFound) {
 			t.Errorf("%s on a locked table: %v, want a timeout error", name, err)
 		}
+		// Too slow is unavailable: fail_open may pass the request on.
+		wantUnavailable(t, name+" on a locked table", err)
 		// The bound the handler promises: timeout plus a small margin.
 		if took > timeout+time.Second {
 			t.Errorf("%s took %s on a locked table, want about %s", name, took, timeout)
