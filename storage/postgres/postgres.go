@@ -169,7 +169,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if opts.ScanTimeout <= 0 {
 		opts.ScanTimeout = statementTimeout
 		if opts.Timeout > 0 {
-			opts.ScanTimeout = 10 * min(opts.Timeout, MaxDuration)
+			opts.ScanTimeout = 10 * min(opts.Timeout, MaxDuration/10)
 		}
 	}
 	ctx, stop := context.WithCancel(context.Background())
