@@ -86,3 +86,55 @@ func TestStatementsTimeOutAndAreCancelledOnTheServer(t *testing.T) {
 		t.Fatalf("after the lock: %v, %v; want Acquired", res.Outcome, err)
 	}
 }
+
+// TestHashScansGiveUpOnALockedTable: GetByHash and DeleteByHash scan the
+// table, so they get ScanTimeout (default ten times Timeout) rather than
+// Timeout, and give up after it when the table is locked, as the admin API
+// must rather than hang with the operator's request.
+func TestHashScansGiveUpOnALockedTable(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		opts           postgres.Options
+		wantScanBudget time.Duration
+	}{
+		{"default", postgres.Options{Timeout: 100 * time.Millisecond}, time.Second},
+		{"set", postgres.Options{Timeout: time.Second, ScanTimeout: 300 * time.Millisecond}, 300 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dsn := pgtest.Require(t)
+			tc.opts.Table = pgtest.Table(t, dsn)
+			tc.opts.CreateTable = true
+			s := openStore(t, pinnedPool(t, dsn, 4), tc.opts)
+			key := storage.Key{Scope: "scan", ID: "k"}
+			completed(t, s, key, time.Hour)
+
+			locker, err := pgx.Connect(t.Context(), dsn)
+			ok(t, err)
+			defer locker.Close(context.Background())
+			tx, err := locker.Begin(t.Context())
+			ok(t, err)
+			defer tx.Rollback(context.Background())
+			_, err = tx.Exec(t.Context(), "LOCK TABLE "+s.Table()+" IN ACCESS EXCLUSIVE MODE")
+			ok(t, err)
+
+			// A caller with a deadline far off: only the store's bound
+			// can end the scan sooner.
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			for name, scan := range map[string]func() error{
+				"get by hash":    func() error { _, err := s.GetByHash(ctx, key.Hash(), false); return err },
+				"delete by hash": func() error { _, err := s.DeleteByHash(ctx, key.Hash()); return err },
+			} {
+				began := time.Now()
+				err := scan()
+				took := time.Since(began)
+				wantUnavailable(t, name+" on a locked table", err)
+				// It waits on the lock for its whole budget, however
+				// slow the machine, and not much longer.
+				if took < tc.wantScanBudget*9/10 || took > tc.wantScanBudget+3*time.Second {
+					t.Errorf("%s on a locked table gave up after %v, want about %v", name, took, tc.wantScanBudget)
+				}
+			}
+		})
+	}
+}
