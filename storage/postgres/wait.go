@@ -45,7 +45,7 @@ const (
 
 	// remember is how long a key's last lease is kept once nobody
 	// waits on it.
-	remember = time.Second
+	remember = 5 * time.Second
 )
 
 var _ storage.Waiter = (*Store)(nil)
