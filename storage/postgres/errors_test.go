@@ -16,6 +16,7 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
@@ -78,8 +79,15 @@ func proxiedStore(t *testing.T, timeout time.Duration) (*postgres.Store, *caddyp
 	ok(t, err)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	ok(t, err)
-	s := openStore(t, pool, postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true, Timeout: timeout, CleanupInterval: -1})
-	completed(t, s, storage.Key{Scope: "proxied", ID: "warm"}, time.Hour)
+	table := pgtest.Table(t, dsn)
+	s := openStore(t, pool, postgres.Options{Table: table, CreateTable: true, Timeout: timeout, CleanupInterval: -1})
+	// Warm up the table and a connection through the proxy: on a loaded
+	// machine, the first tries may take longer than the timeout.
+	completed(t, newStore(t, postgres.Options{Table: table}), storage.Key{Scope: "proxied", ID: "warm"}, time.Hour)
+	testutil.Eventually(t, 30*time.Second, "a first Get through the proxy", func() bool {
+		_, err := s.Get(t.Context(), storage.Key{Scope: "proxied", ID: "warm"}, false)
+		return err == nil
+	})
 	return s, proxy
 }
 
