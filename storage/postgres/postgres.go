@@ -13,13 +13,16 @@
 // periodic cleanup that one instance at a time runs, under an advisory
 // lock.
 //
-// The store does not implement storage.Waiter, so callers that wait for an
-// in-flight record poll Reserve (the Caddy handler backs off from 10ms to
-// 250ms). LISTEN/NOTIFY would wake them sooner, but every Complete and
-// Release would then NOTIFY, and PostgreSQL serialises the commits of
-// notifying transactions on one cluster-wide lock, a cost every request
-// would pay for the few that wait; it also needs a dedicated session per
-// store, which transaction-pooling proxies such as PgBouncer do not keep.
+// Every session runs at READ COMMITTED, whatever the database's or the
+// role's default (see NewPoolConfig), and statements PostgreSQL rolls
+// back for a conflict (serialization failures, deadlocks) run again.
+// Errors that mean the server could not be reached or did not answer in
+// time wrap storage.ErrUnavailable; those that prove it answered do not
+// (see errors.go). Keys it cannot index are refused (storage.KeyLimiter),
+// and durations saturate at MaxDuration.
+//
+// Waiting requests share one poll per key (storage.Waiter, see wait.go);
+// LISTEN/NOTIFY was rejected, for the reasons given there.
 //
 // New never touches the network: the table is created on first use, and a
 // store built while PostgreSQL is down starts working when it comes back.
