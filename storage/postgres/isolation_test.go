@@ -99,13 +99,25 @@ func TestLeaseOperationsRetrySerializationFailures(t *testing.T) {
 				var wg sync.WaitGroup
 				start := make(chan struct{})
 				var renewErr, completeErr error
+				completing := make(chan struct{})
 				wg.Go(func() {
 					<-start
+					// Renewals back to back (the module's come a third of
+					// lock_timeout apart), until the completion is over.
 					for renewErr == nil {
 						renewErr = s.Renew(ctx, key, tok, time.Minute)
+						select {
+						case <-completing:
+							if renewErr == nil {
+								renewErr = s.Renew(ctx, key, tok, time.Minute)
+							}
+							return
+						case <-time.After(time.Millisecond):
+						}
 					}
 				})
 				wg.Go(func() {
+					defer close(completing)
 					<-start
 					completeErr = s.Complete(ctx, key, tok, &storage.Response{Status: 201}, time.Hour)
 				})
@@ -114,6 +126,7 @@ func TestLeaseOperationsRetrySerializationFailures(t *testing.T) {
 				if completeErr != nil {
 					t.Fatalf("round %d: Complete: %v", round, completeErr)
 				}
+				// The last renewal came after the completion.
 				if !errors.Is(renewErr, storage.ErrLeaseLost) {
 					t.Fatalf("round %d: renewal: %v, want success until ErrLeaseLost", round, renewErr)
 				}
