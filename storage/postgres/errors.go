@@ -62,6 +62,13 @@ func retryable(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == serializationFailure || pgErr.Code == deadlockDetected)
 }
 
+// serializationFailed reports whether err is a serialization failure,
+// which a session at READ COMMITTED never gets.
+func serializationFailed(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == serializationFailure
+}
+
 // maxAttempts bounds how many times one operation runs a statement that
 // PostgreSQL rolled back for a conflict (see retryable).
 const maxAttempts = 8

@@ -8,7 +8,11 @@ func (s *Store) Fallbacks() int64 { return s.fallbacks.Load() }
 
 // Retries returns how many Reserve rounds PostgreSQL rolled back for a
 // conflict.
-func (s *Store) Retries() int64 { return s.retries.Load() }
+func (s *Store) Retries() int64 { return s.serializationFailures.Load() + s.deadlocks.Load() }
+
+// SerializationFailures returns how many Reserve rounds PostgreSQL rolled
+// back for a serialization failure.
+func (s *Store) SerializationFailures() int64 { return s.serializationFailures.Load() }
 
 // CleanupLockKey returns the advisory lock key that cleanup takes.
 func (s *Store) CleanupLockKey() int64 { return s.cleanupLock }

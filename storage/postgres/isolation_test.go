@@ -159,8 +159,11 @@ func TestSessionsArePinnedToReadCommitted(t *testing.T) {
 						openStore(t, pool(), postgres.Options{Table: table, CreateTable: true}),
 					}
 					hammer(t, 10, stores...)
-					if n := stores[0].Retries() + stores[1].Retries(); n != 0 {
-						t.Errorf("%d Reserve rounds were rolled back: the sessions did not run at READ COMMITTED", n)
+					// A deadlock between concurrent inserts of one key
+					// is rare but possible at any level; a serialization
+					// failure is not at READ COMMITTED.
+					if n := stores[0].SerializationFailures() + stores[1].SerializationFailures(); n != 0 {
+						t.Errorf("%d Reserve rounds failed to serialize: the sessions did not run at READ COMMITTED", n)
 					}
 					for i, s := range stores {
 						var got string

@@ -124,9 +124,9 @@ type Store struct {
 	ddlLock, cleanupLock int64
 
 	// fallbacks counts Reserve calls that had to read the record in a
-	// second statement, retries the Reserve rounds PostgreSQL rolled back
-	// for a conflict (see reserve.go).
-	fallbacks, retries atomic.Int64
+	// second statement; serializationFailures and deadlocks the Reserve
+	// rounds PostgreSQL rolled back for a conflict (see reserve.go).
+	fallbacks, serializationFailures, deadlocks atomic.Int64
 
 	// watches shares one poll per key among the waiters (see wait.go).
 	watches watches

@@ -74,7 +74,7 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 		case err == nil:
 			return s.answer(ctx, &row, fp)
 		case retryable(err):
-			s.retries.Add(1)
+			s.countRetry(err)
 			continue
 		case !errors.Is(err, pgx.ErrNoRows):
 			return failed(err)
@@ -87,7 +87,7 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 		case err == nil:
 			return s.answer(ctx, &row, fp)
 		case retryable(err):
-			s.retries.Add(1)
+			s.countRetry(err)
 			continue
 		case !errors.Is(err, pgx.ErrNoRows):
 			return failed(err)
@@ -98,6 +98,16 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 		return failed(err)
 	}
 	return storage.Reservation{Token: tok}, fmt.Errorf("postgres reserve: the key changed hands %d times during one reservation", maxReserveAttempts)
+}
+
+// countRetry counts a Reserve round rolled back for err, a retryable
+// error.
+func (s *Store) countRetry(err error) {
+	if serializationFailed(err) {
+		s.serializationFailures.Add(1)
+	} else {
+		s.deadlocks.Add(1)
+	}
 }
 
 // answer is what Reserve reports for the live row r, with its errors

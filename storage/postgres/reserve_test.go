@@ -185,12 +185,14 @@ func hammer(t *testing.T, rounds int, stores ...*postgres.Store) {
 			t.Fatalf("round %d (takeover %v): %d racers acquired, want exactly 1", round, takeover, acquired)
 		}
 	}
-	var fallbacks, retries int64
+	var fallbacks, retries, serialization int64
 	for _, s := range stores {
 		fallbacks += s.Fallbacks()
 		retries += s.Retries()
+		serialization += s.SerializationFailures()
 	}
-	t.Logf("%d reservations read the row in a second statement, %d rounds were rolled back and run again", fallbacks, retries)
+	t.Logf("%d reservations read the row in a second statement, %d rounds were rolled back and run again (%d serialization failures, %d deadlocks)",
+		fallbacks, retries, serialization, retries-serialization)
 }
 
 // TestReplayAndConflictWriteNothing checks that answering a known key
