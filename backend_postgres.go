@@ -25,8 +25,23 @@ func init() {
 	caddy.RegisterModule(PostgresStorage{})
 }
 
-// defaultPostgresTimeout bounds each statement on the request path.
+// defaultPostgresTimeout bounds each operation on the request path.
 const defaultPostgresTimeout = 2 * time.Second
+
+// The range of each duration option: a JSON number is nanoseconds, so
+// "timeout": 2 means 2ns (every request would time out), and a value
+// near the int64 maximum is a typo rather than a plan.
+const (
+	// A statement takes about a millisecond on a local network; less
+	// than this would fail healthy requests. More than this keeps a
+	// request waiting on a sick database longer than any client does.
+	minPostgresTimeout = 10 * time.Millisecond
+	maxPostgresTimeout = time.Minute
+	// Cleanup more often than this only burns the advisory lock; less
+	// often than this lets the table grow by a month of expired rows.
+	minCleanupInterval = time.Second
+	maxCleanupInterval = 30 * 24 * time.Hour
+)
 
 // PostgresStorage keeps idempotency records in a PostgreSQL table, shared
 // by every Caddy instance using the same database. A new key costs two
@@ -62,7 +77,7 @@ type PostgresStorage struct {
 	// How often expired rows are deleted. Every instance tries; an
 	// advisory lock lets one at a time do it, in batches of 1000 rows.
 	// Expired records are never replayed, whenever cleanup runs: this only
-	// bounds the table's size. Default: 5m.
+	// bounds the table's size. Between 1s and 30d. Default: 5m.
 	CleanupInterval caddy.Duration `json:"cleanup_interval,omitempty"`
 
 	// The most connections this configuration opens to the database, on
@@ -72,12 +87,13 @@ type PostgresStorage struct {
 	// only four new keys reserve at a time).
 	MaxConns int `json:"max_conns,omitempty"`
 
-	// How long one statement on the request path may take, waiting for a
+	// How long one operation on the request path may take, waiting for a
 	// pooled connection included, before the request gets the
 	// on_storage_error treatment: a table locked by a migration or a
 	// network partition then costs requests this long at most. A
 	// statement that runs out of time is cancelled on the server too.
-	// Default: 2s.
+	// Admin lookups by key_hash (a scan of the table) get ten times as
+	// long. Between 10ms and 1m. Default: 2s.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	// Keep completed records in this process too, so that replays skip
@@ -169,13 +185,14 @@ func (p *PostgresStorage) Provision(ctx caddy.Context) error {
 // zero values are the defaults (the dsn, which is required, is checked
 // by Provision: in a Caddyfile block it may come last).
 func (p *PostgresStorage) check() error {
-	switch {
-	case p.CleanupInterval < 0:
-		return fmt.Errorf("postgres storage: cleanup_interval must be positive, got %s", time.Duration(p.CleanupInterval))
-	case p.MaxConns < 0 || p.MaxConns > math.MaxInt32:
+	if p.MaxConns < 0 || p.MaxConns > math.MaxInt32 {
 		return fmt.Errorf("postgres storage: max_conns must be a positive number, got %d", p.MaxConns)
-	case p.Timeout < 0:
-		return fmt.Errorf("postgres storage: timeout must be positive, got %s", time.Duration(p.Timeout))
+	}
+	if err := durationWithin("cleanup_interval", p.CleanupInterval, minCleanupInterval, maxCleanupInterval); err != nil {
+		return err
+	}
+	if err := durationWithin("timeout", p.Timeout, minPostgresTimeout, maxPostgresTimeout); err != nil {
+		return err
 	}
 	if p.Table != "" {
 		if _, err := postgres.Schema(p.Table); err != nil {
@@ -183,6 +200,18 @@ func (p *PostgresStorage) check() error {
 		}
 	}
 	return p.ReplayCache.check("postgres storage")
+}
+
+// durationWithin reports a duration option outside [lo, hi], in the
+// handler's words for ttl; zero is the default and always fits.
+func durationWithin(name string, d caddy.Duration, lo, hi time.Duration) error {
+	switch {
+	case d != 0 && time.Duration(d) < lo:
+		return fmt.Errorf("postgres storage: %s must be at least %s, got %s", name, lo, time.Duration(d))
+	case time.Duration(d) > hi:
+		return fmt.Errorf("postgres storage: %s must be at most %s, got %s", name, hi, time.Duration(d))
+	}
+	return nil
 }
 
 // logCleanup reports the periodic cleanups of a pool. The pool outlives

@@ -60,7 +60,7 @@ func pgRows(t *testing.T, dsn, table string) int {
 func TestPostgresCleanupDeletesExpiredRows(t *testing.T) {
 	dsn := pgtest.Require(t)
 	table := pgtest.Table(t, dsn)
-	h := onPostgres(t, &Handler{TTL: caddy.Duration(time.Second)}, dsn, table, `"cleanup_interval":"100ms"`)
+	h := onPostgres(t, &Handler{TTL: caddy.Duration(time.Second)}, dsn, table, `"cleanup_interval":"1s"`)
 	up := &upstream{}
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated {
 		t.Fatalf("first: %d", w.Code)
@@ -71,7 +71,7 @@ func TestPostgresCleanupDeletesExpiredRows(t *testing.T) {
 	if n := pgRows(t, dsn, table); n != 1 {
 		t.Fatalf("%d rows, want 1", n)
 	}
-	testutil.Eventually(t, 5*time.Second, "the periodic cleanup to delete the expired row", func() bool { return pgRows(t, dsn, table) == 0 })
+	testutil.Eventually(t, 15*time.Second, "the periodic cleanup to delete the expired row", func() bool { return pgRows(t, dsn, table) == 0 })
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
 		t.Fatalf("after expiry: %d replayed=%q, want a new execution", w.Code, w.Header().Get("Idempotent-Replayed"))
 	}

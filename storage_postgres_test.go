@@ -18,8 +18,8 @@ func TestPostgresProvisionNeedsNoServer(t *testing.T) {
 	if h.backendName != "postgres" || h.store == nil {
 		t.Fatalf("backend %q, store %v", h.backendName, h.store)
 	}
-	if h.waiter != nil {
-		t.Fatal("the postgres store must not claim to be a Waiter")
+	if h.waiter == nil {
+		t.Fatal("the postgres store is a Waiter: waiting requests share one poll per key")
 	}
 }
 
@@ -51,7 +51,13 @@ func TestPostgresProvisionErrors(t *testing.T) {
 		{"invalid dsn", `{"backend":"postgres","dsn":"postgres://app:s3cret-pw@db:notaport/app"}`, "not a valid connection string"},
 		{"invalid keyword dsn", `{"backend":"postgres","dsn":"host=db password=s3cret-pw sslmode=sometimes"}`, "not a valid connection string"},
 		{"invalid table", `{"backend":"postgres","dsn":"postgres://db/app","table":"Idempotency"}`, "lower-case"},
-		{"negative cleanup_interval", `{"backend":"postgres","dsn":"postgres://db/app","cleanup_interval":-1}`, "cleanup_interval must be positive"},
+		{"negative cleanup_interval", `{"backend":"postgres","dsn":"postgres://db/app","cleanup_interval":-1}`, "postgres storage: cleanup_interval must be at least 1s, got -1ns"},
+		{"cleanup_interval in nanoseconds", `{"backend":"postgres","dsn":"postgres://db/app","cleanup_interval":300}`, "postgres storage: cleanup_interval must be at least 1s, got 300ns"},
+		{"cleanup_interval beyond its ceiling", `{"backend":"postgres","dsn":"postgres://db/app","cleanup_interval":9000000000000000000}`, "postgres storage: cleanup_interval must be at most 720h0m0s, got 2500000h0m0s"},
+		{"timeout in nanoseconds", `{"backend":"postgres","dsn":"postgres://db/app","timeout":2}`, "postgres storage: timeout must be at least 10ms, got 2ns"},
+		{"negative timeout", `{"backend":"postgres","dsn":"postgres://db/app","timeout":"-1s"}`, "postgres storage: timeout must be at least 10ms, got -1s"},
+		{"timeout beyond its ceiling", `{"backend":"postgres","dsn":"postgres://db/app","timeout":"2h"}`, "postgres storage: timeout must be at most 1m0s, got 2h0m0s"},
+		{"timeout near the int64 maximum", `{"backend":"postgres","dsn":"postgres://db/app","timeout":"2562047h"}`, "postgres storage: timeout must be at most 1m0s, got 2562047h0m0s"},
 		{"negative max_conns", `{"backend":"postgres","dsn":"postgres://db/app","max_conns":-1}`, "max_conns"},
 		{"max_conns beyond int32", `{"backend":"postgres","dsn":"postgres://db/app","max_conns":4294967296}`, "max_conns"},
 	}
@@ -122,5 +128,19 @@ func TestPostgresPoolSharedPerConfiguration(t *testing.T) {
 	}
 	if a.store == c.store || a.store == d.store || c.store == d.store {
 		t.Error("handlers with different storage configurations share a store")
+	}
+}
+
+// TestPostgresDurationBoundsAreInclusive provisions every duration option
+// at its floor and at its ceiling.
+func TestPostgresDurationBoundsAreInclusive(t *testing.T) {
+	for _, storage := range []string{
+		`"timeout":"10ms","cleanup_interval":"1s"`,
+		`"timeout":"1m","cleanup_interval":"720h"`,
+	} {
+		h := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"postgres","dsn":"postgres://postgres@127.0.0.1:1/test",` + storage + `}`)})
+		if h.store == nil {
+			t.Fatalf("%s: no store", storage)
+		}
 	}
 }

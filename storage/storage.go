@@ -308,6 +308,17 @@ type HashFinder interface {
 	DeleteByHash(ctx context.Context, hash string) (int, error)
 }
 
+// KeyLimiter is implemented by stores that cannot hold every key: a
+// Reserve of a longer Key.ID fails with an error wrapping ErrInvalid.
+// A caller that bounds its keys (the Caddy module's max_key_length) can
+// refuse, at start-up, a bound the store cannot hold.
+type KeyLimiter interface {
+	// MaxKeyLength returns the longest Key.ID, in bytes, that the store
+	// holds when Key.Scope is 64 bytes long (the Caddy module's scopes,
+	// a hex SHA-256).
+	MaxKeyLength() int
+}
+
 // Waiter is implemented by stores that can tell a waiting request when an
 // in-flight record may have changed, instead of having it poll.
 type Waiter interface {

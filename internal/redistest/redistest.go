@@ -126,6 +126,22 @@ func StartServer(t testing.TB) *Server {
 	return start(t, "redis-server", func() (*Server, error) { return startServer(t, bin, "") })
 }
 
+// StartPersistentServer is StartServer with persistence: an append-only
+// file in a directory of its own, fsynced after every write
+// (appendonly yes, appendfsync always), so that Restart, even after a
+// crash (Kill), brings back every record the server acknowledged. It
+// takes extra redis-server arguments like StartServerArgs.
+func StartPersistentServer(t testing.TB, args ...string) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		testutil.Unavailable(t, "redis-server binary: %v", err)
+	}
+	return start(t, "a persistent redis-server", func() (*Server, error) {
+		return startServer(t, bin, "", append([]string{"--appendonly", "yes", "--appendfsync", "always"}, args...)...)
+	})
+}
+
 // StartServerArgs is StartServer with extra redis-server arguments (kept
 // for Restart), e.g. "--enable-debug-command", "local" for a test that
 // needs DEBUG SLEEP.
@@ -254,6 +270,7 @@ func (s *Server) launch() error {
 	if s.conf != "" {
 		args = append(args, s.conf) // a configuration file comes first
 	}
+	// No persistence unless s.args asks for it: later arguments win.
 	args = append(args, "--port", port, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--logfile", s.dir+"/redis.log")

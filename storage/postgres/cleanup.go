@@ -57,11 +57,11 @@ func (s *Store) cleanupLoop(ctx context.Context) {
 // the connection is closed, which releases it too.
 func (s *Store) CleanupNow(ctx context.Context) (deleted int64, err error) {
 	if err := s.ensureSchema(ctx); err != nil {
-		return 0, s.fail("cleanup", err)
+		return 0, s.fail(ctx, "cleanup", err)
 	}
-	conn, err := s.pool.Acquire(ctx)
+	conn, err := s.acquire(ctx)
 	if err != nil {
-		return 0, s.fail("cleanup", err)
+		return 0, s.fail(ctx, "cleanup", err)
 	}
 	// Statements outlive ctx (see above), each within statementTimeout.
 	stmtCtx := context.WithoutCancel(ctx)
@@ -81,7 +81,7 @@ func (s *Store) CleanupNow(ctx context.Context) (deleted int64, err error) {
 	if err != nil {
 		// Whether the lock was taken is unknown: end the session.
 		closeConn(conn)
-		return 0, s.fail("cleanup", err)
+		return 0, s.fail(ctx, "cleanup", err)
 	}
 	if !locked {
 		conn.Release()
@@ -98,7 +98,7 @@ func (s *Store) CleanupNow(ctx context.Context) (deleted int64, err error) {
 			// session, and the lock stays behind there.
 			conn.Release()
 			if err == nil {
-				err = s.fail("cleanup", errSessionLost)
+				err = s.fail(ctx, "cleanup", errSessionLost)
 			}
 		default:
 			conn.Release()
@@ -107,16 +107,21 @@ func (s *Store) CleanupNow(ctx context.Context) (deleted int64, err error) {
 
 	grace, batch := micros(s.opts.LapsedGrace), s.opts.CleanupBatch
 	for {
-		tag, err := exec(s.sql.cleanupBatch, grace, batch)
+		var tag pgconn.CommandTag
+		err := retry(ctx, func() error {
+			var err error
+			tag, err = exec(s.sql.cleanupBatch, grace, batch)
+			return err
+		})
 		if err != nil {
-			return deleted, s.fail("cleanup", err)
+			return deleted, s.fail(ctx, "cleanup", err)
 		}
 		deleted += tag.RowsAffected()
 		if tag.RowsAffected() < int64(batch) {
 			return deleted, nil
 		}
 		if err := ctx.Err(); err != nil {
-			return deleted, s.fail("cleanup", err)
+			return deleted, s.fail(ctx, "cleanup", err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
@@ -93,21 +94,29 @@ func TestCleanupDeletesExpiredRowsInBatches(t *testing.T) {
 	}
 }
 
+// TestCleanupKeepsLapsedLeasesForTheirGrace lets leases lapse by moving
+// their end into the past in the table, by the server's clock, rather
+// than by sleeping through them: a second ago (within every grace here)
+// and a minute ago (past the strict store's grace of 30 seconds only).
+// No margin depends on how fast the machine runs.
 func TestCleanupKeepsLapsedLeasesForTheirGrace(t *testing.T) {
 	ctx := t.Context()
 	dsn := pgtest.Require(t)
 	table := pgtest.Table(t, dsn)
 	patient := newStore(t, postgres.Options{Table: table, CleanupInterval: -1})
 	// A second store (instance) on the same table, with a short grace.
-	strict := newStore(t, postgres.Options{Table: table, CleanupInterval: -1, LapsedGrace: 500 * time.Millisecond})
+	strict := newStore(t, postgres.Options{Table: table, CleanupInterval: -1, LapsedGrace: 30 * time.Second})
+	lapse := func(key storage.Key, ago string) {
+		pgtest.Exec(t, dsn, `UPDATE `+patient.Table()+` SET expires_at = now() - $3::interval WHERE scope = $1 AND key = $2`, key.Scope, key.ID, ago)
+	}
 
 	key := storage.Key{Scope: "grace", ID: "k"}
-	tok := acquire(t, patient, key, fpA, 50*time.Millisecond)
-	time.Sleep(150 * time.Millisecond) // lapsed, within the grace of both
+	tok := acquire(t, patient, key, fpA, time.Hour)
+	lapse(key, "1 second")
 	if _, err := patient.Get(ctx, key, false); !errors.Is(err, storage.ErrNotFound) {
 		t.Fatalf("Get of a lapsed lease: %v, want ErrNotFound", err)
 	}
-	for name, s := range map[string]*postgres.Store{"1h": patient, "500ms": strict} {
+	for name, s := range map[string]*postgres.Store{"1h": patient, "30s": strict} {
 		if n, err := s.CleanupNow(ctx); err != nil || n != 0 {
 			t.Fatalf("cleanup with a %s grace, within it = %d, %v; want 0, nil", name, n, err)
 		}
@@ -119,13 +128,13 @@ func TestCleanupKeepsLapsedLeasesForTheirGrace(t *testing.T) {
 	}
 
 	other := storage.Key{Scope: "grace", ID: "other"}
-	tok = acquire(t, patient, other, fpA, 50*time.Millisecond)
-	time.Sleep(time.Second) // lapsed 950ms ago: past strict's grace
+	tok = acquire(t, patient, other, fpA, time.Hour)
+	lapse(other, "1 minute") // past strict's grace
 	if n, err := patient.CleanupNow(ctx); err != nil || n != 0 {
 		t.Fatalf("cleanup with a 1h grace = %d, %v; want 0, nil", n, err)
 	}
 	if n, err := strict.CleanupNow(ctx); err != nil || n != 1 {
-		t.Fatalf("cleanup with a 500ms grace = %d, %v; want 1, nil", n, err)
+		t.Fatalf("cleanup with a 30s grace = %d, %v; want 1, nil", n, err)
 	}
 	if err := patient.Complete(ctx, other, tok, &storage.Response{Status: 201}, time.Hour); !errors.Is(err, storage.ErrLeaseLost) {
 		t.Fatalf("Complete after cleanup removed the lapsed lease: %v, want ErrLeaseLost", err)
@@ -220,12 +229,8 @@ func TestCleanupRunsPeriodicallyUntilClose(t *testing.T) {
 	})
 	_, _ = s.Get(t.Context(), storage.Key{}, false) // creates the table
 	insertExpired(t, dsn, s, "periodic", 5)
-	for deadline := time.Now().Add(5 * time.Second); deleted.Load() < 5; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("periodic cleanup deleted %d of 5 rows in 5s (%d runs)", deleted.Load(), runs.Load())
-		}
-	}
-	ok(t, s.Close())
+	testutil.Eventually(t, 30*time.Second, "the periodic cleanup to delete 5 rows", func() bool { return deleted.Load() >= 5 })
+	ok(t, s.Close()) // returns once the cleanup goroutine has
 	after := runs.Load()
 	time.Sleep(100 * time.Millisecond)
 	if n := runs.Load(); n != after {

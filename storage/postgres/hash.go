@@ -13,48 +13,72 @@ import (
 var _ storage.HashFinder = (*Store)(nil)
 
 // GetByHash implements storage.HashFinder. It computes every live row's
-// key hash in the database: a scan of the table.
+// key hash in the database: a scan of the table, bounded by ScanTimeout.
 func (s *Store) GetByHash(ctx context.Context, hash string, withBody bool) ([]*storage.Record, error) {
 	prefix, err := hex.DecodeString(hash)
 	if err != nil || len(prefix) != storage.HashLen/2 || hex.EncodeToString(prefix) != hash {
 		return nil, nil
 	}
+	ctx, cancel := s.scanContext(ctx)
+	defer cancel()
 	if err := s.ensureSchema(ctx); err != nil {
-		return nil, s.fail("get", err)
-	}
-	rows, err := s.pool.Query(ctx, s.sql.getByHash, prefix, withBody)
-	if err != nil {
-		return nil, s.fail("get", err)
+		return nil, s.fail(ctx, "get", err)
 	}
 	var out []*storage.Record
-	for rows.Next() {
-		rec, err := scanRecord(rows)
+	err = s.scan(ctx, func(tx pgx.Tx) error {
+		out = nil
+		rows, err := tx.Query(ctx, s.sql.getByHash, prefix, withBody)
 		if err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("postgres get: %w", err)
+			return err
 		}
-		out = append(out, rec)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, s.fail("get", err)
+		defer rows.Close()
+		for rows.Next() {
+			rec, err := scanRecord(rows)
+			if err != nil {
+				return err
+			}
+			out = append(out, rec)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, s.fail(ctx, "get", err)
 	}
 	return out, nil
 }
 
-// DeleteByHash implements storage.HashFinder.
+// DeleteByHash implements storage.HashFinder, with GetByHash's scan.
 func (s *Store) DeleteByHash(ctx context.Context, hash string) (int, error) {
 	prefix, err := hex.DecodeString(hash)
 	if err != nil || len(prefix) != storage.HashLen/2 || hex.EncodeToString(prefix) != hash {
 		return 0, nil
 	}
+	ctx, cancel := s.scanContext(ctx)
+	defer cancel()
 	if err := s.ensureSchema(ctx); err != nil {
-		return 0, s.fail("delete", err)
+		return 0, s.fail(ctx, "delete", err)
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.deleteByHash, prefix)
+	var n int64
+	err = s.scan(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, s.sql.deleteByHash, prefix)
+		n = tag.RowsAffected()
+		return err
+	})
 	if err != nil {
-		return 0, s.fail("delete", err)
+		return 0, s.fail(ctx, "delete", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return int(n), nil
+}
+
+// scan runs fn, a statement scanning the whole table, in a transaction at
+// READ COMMITTED whatever the session's default: under SERIALIZABLE a
+// scan conflicts with every concurrent write to the table, and retrying
+// would rarely get through on a busy one. The three round trips do not
+// matter for an operator's lookup.
+func (s *Store) scan(ctx context.Context, fn func(pgx.Tx) error) error {
+	return retry(ctx, func() error {
+		return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+	})
 }
 
 // scanRecord reads a row of the get statements.

@@ -13,13 +13,14 @@ import (
 )
 
 // Complete implements storage.Store. The response is encoded into the row;
-// the store keeps no reference to resp.
+// the store keeps no reference to resp. A response that could not be
+// replayed (storage.CheckResponse) is refused before any I/O.
 func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
 	if ttl <= 0 {
-		return fmt.Errorf("postgres complete: ttl %v is not positive", ttl)
+		return fmt.Errorf("postgres complete: %w: ttl %v is not positive", storage.ErrInvalid, ttl)
 	}
-	if resp == nil {
-		return errors.New("postgres complete: nil response")
+	if err := storage.CheckResponse(resp); err != nil {
+		return fmt.Errorf("postgres complete: %w", err)
 	}
 	headers := storage.AppendHeader(nil, resp.Header)
 	detail := resp.Detail
@@ -38,24 +39,28 @@ func (s *Store) Release(ctx context.Context, key storage.Key, token storage.Toke
 // Renew implements storage.Store.
 func (s *Store) Renew(ctx context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
 	if lease <= 0 {
-		return fmt.Errorf("postgres renew: lease %v is not positive", lease)
+		return fmt.Errorf("postgres renew: %w: lease %v is not positive", storage.ErrInvalid, lease)
 	}
 	return s.leaseOp(ctx, "renew", s.sql.renew, key, token, micros(lease))
 }
 
 // leaseOp runs a statement that acts on the in-flight row held by token
 // (scope, key and token are its first three parameters, then args), and
-// reports storage.ErrLeaseLost when it matched no row.
+// reports storage.ErrLeaseLost when it matched no row. A statement rolled
+// back for a conflict changed nothing and runs again: the row it then
+// finds decides, as if the statement had come a moment later.
 func (s *Store) leaseOp(ctx context.Context, op, sql string, key storage.Key, token storage.Token, args ...any) error {
 	if token == 0 {
 		return storage.ErrLeaseLost // zero never names a lease: save the round trip
 	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
 	if err := s.ensureSchema(ctx); err != nil {
-		return s.fail(op, err)
+		return s.fail(ctx, op, err)
 	}
 	tag, err := s.exec(ctx, sql, append([]any{key.Scope, key.ID, int64(token)}, args...)...)
 	if err != nil {
-		return s.fail(op, err)
+		return s.fail(ctx, op, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return storage.ErrLeaseLost
@@ -63,28 +68,35 @@ func (s *Store) leaseOp(ctx context.Context, op, sql string, key storage.Key, to
 	return nil
 }
 
-// exec runs one statement under the store's timeout.
+// exec runs one statement, again after a conflict (see retry).
 func (s *Store) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	ctx, cancel := s.opContext(ctx)
-	defer cancel()
-	return s.pool.Exec(ctx, sql, args...)
+	var tag pgconn.CommandTag
+	err := retry(ctx, func() error {
+		var err error
+		tag, err = s.execOnce(ctx, sql, args...)
+		return err
+	})
+	return tag, err
 }
 
 // Get implements storage.Store.
 func (s *Store) Get(ctx context.Context, key storage.Key, withBody bool) (*storage.Record, error) {
-	if err := s.ensureSchema(ctx); err != nil {
-		return nil, s.fail("get", err)
-	}
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, key.Scope, key.ID, withBody))
+	if err := s.ensureSchema(ctx); err != nil {
+		return nil, s.fail(ctx, "get", err)
+	}
+	var rec *storage.Record
+	err := retry(ctx, func() error {
+		var err error
+		rec, err = s.scanRow(ctx, s.sql.get, key.Scope, key.ID, withBody)
+		return err
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, storage.ErrNotFound
-	case errors.Is(err, storage.ErrCorrupt):
-		return nil, fmt.Errorf("postgres get: %w", err)
 	case err != nil:
-		return nil, s.fail("get", err)
+		return nil, s.fail(ctx, "get", err)
 	}
 	return rec, nil
 }
@@ -92,12 +104,14 @@ func (s *Store) Get(ctx context.Context, key storage.Key, withBody bool) (*stora
 // Delete implements storage.Store. Like Get, it sees live rows only: an
 // expired row or a lapsed lease is already absent, and cleanup removes it.
 func (s *Store) Delete(ctx context.Context, key storage.Key) error {
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
 	if err := s.ensureSchema(ctx); err != nil {
-		return s.fail("delete", err)
+		return s.fail(ctx, "delete", err)
 	}
 	tag, err := s.exec(ctx, s.sql.delete, key.Scope, key.ID)
 	if err != nil {
-		return s.fail("delete", err)
+		return s.fail(ctx, "delete", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return storage.ErrNotFound

@@ -34,6 +34,25 @@ const (
 	cancelGrace = 300 * time.Millisecond
 )
 
+// The store's statements are written for READ COMMITTED, PostgreSQL's
+// default: each sees the rows committed before it started, and its ON
+// CONFLICT and UPDATE act on the latest committed version of a row (see
+// Store.Reserve). Under REPEATABLE READ or SERIALIZABLE, which a database
+// or a role may default to (ALTER DATABASE/ROLE ... SET
+// default_transaction_isolation), and which PostgreSQL-compatible
+// databases such as CockroachDB use, concurrent reservations of one key
+// fail with serialization errors instead. NewPoolConfig therefore sets
+// the isolation in the connection's start-up packet, where it overrides
+// those defaults at no cost per statement; the store also retries such
+// failures, for pools made without NewPoolConfig. PgBouncer refuses
+// start-up parameters it does not know: list this one in its
+// track_extra_parameters (1.20 and later, which keeps it per client) or
+// ignore_startup_parameters (the store then relies on its retries).
+const (
+	isolationParam = "default_transaction_isolation"
+	readCommitted  = "read committed"
+)
+
 // DefaultMaxConns returns the pool size NewPoolConfig uses when neither
 // its caller nor the DSN (pool_max_conns) sets one: the greater of 16 and
 // twice the CPUs. pgx's own default, the greater of 4 and the CPUs, let
@@ -61,6 +80,9 @@ var ErrInvalidDSN = errors.New("postgres: dsn is not a valid connection string (
 //     connect_timeout;
 //   - TCP keepalive notices a dead peer on an idle connection within
 //     about 30 seconds;
+//   - every session runs at the READ COMMITTED isolation level, whatever
+//     the database's, the role's or the DSN's default_transaction_isolation
+//     (see isolationParam);
 //   - a statement whose context ends (the store's Timeout) is cancelled
 //     on the server with a cancel request, so that a statement waiting on
 //     a lock cannot commit after its caller gave up, and its connection is
@@ -81,6 +103,10 @@ func NewPoolConfig(dsn string, maxConns int) (*pgxpool.Config, error) {
 		cfg.MaxConns = int32(DefaultMaxConns())
 	}
 	cc := cfg.ConnConfig
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = make(map[string]string)
+	}
+	cc.RuntimeParams[isolationParam] = readCommitted
 	if cc.ConnectTimeout == 0 {
 		cc.ConnectTimeout = DefaultConnectTimeout
 	}

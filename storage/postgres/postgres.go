@@ -13,13 +13,16 @@
 // periodic cleanup that one instance at a time runs, under an advisory
 // lock.
 //
-// The store does not implement storage.Waiter, so callers that wait for an
-// in-flight record poll Reserve (the Caddy handler backs off from 10ms to
-// 250ms). LISTEN/NOTIFY would wake them sooner, but every Complete and
-// Release would then NOTIFY, and PostgreSQL serialises the commits of
-// notifying transactions on one cluster-wide lock, a cost every request
-// would pay for the few that wait; it also needs a dedicated session per
-// store, which transaction-pooling proxies such as PgBouncer do not keep.
+// Every session runs at READ COMMITTED, whatever the database's or the
+// role's default (see NewPoolConfig), and statements PostgreSQL rolls
+// back for a conflict (serialization failures, deadlocks) run again.
+// Errors that mean the server could not be reached or did not answer in
+// time wrap storage.ErrUnavailable; those that prove it answered do not
+// (see errors.go). Keys it cannot index are refused (storage.KeyLimiter),
+// and durations saturate at MaxDuration.
+//
+// Waiting requests share one poll per key (storage.Waiter, see wait.go);
+// LISTEN/NOTIFY was rejected, for the reasons given there.
 //
 // New never touches the network: the table is created on first use, and a
 // store built while PostgreSQL is down starts working when it comes back.
@@ -80,13 +83,21 @@ type Options struct {
 	// Default: 1 hour.
 	LapsedGrace time.Duration
 
-	// Timeout bounds each statement on the request path (Reserve and the
-	// lookup after a conflicting insert, Complete, Release, Renew, Get,
-	// Delete, and creating the table on first use), waiting for a pooled
-	// connection included, when the caller's context has no earlier
-	// deadline. Zero leaves only the caller's context. A statement that
-	// runs out of time is cancelled on the server too (see NewPoolConfig).
+	// Timeout bounds each operation on the request path (Reserve, with
+	// its lookup after a conflicting insert and its retries, Complete,
+	// Release, Renew, Get, Delete, and creating the table on first use),
+	// waiting for a pooled connection included, when the caller's context
+	// has no earlier deadline. Zero leaves only the caller's context. A
+	// statement that runs out of time is cancelled on the server too (see
+	// NewPoolConfig).
 	Timeout time.Duration
+
+	// ScanTimeout bounds GetByHash and DeleteByHash, which compute the
+	// key hash of every live row (a scan of the table, for an operator's
+	// occasional lookup), so that a locked or huge table cannot hold the
+	// admin API forever. Default: ten times Timeout, or a minute when
+	// Timeout is zero.
+	ScanTimeout time.Duration
 
 	// OnCleanup, when set, is called after every periodic cleanup with the
 	// rows deleted and the error, ErrCleanupLocked when another store was
@@ -113,8 +124,15 @@ type Store struct {
 	ddlLock, cleanupLock int64
 
 	// fallbacks counts Reserve calls that had to read the record in a
-	// second statement (see reserve.go).
-	fallbacks atomic.Int64
+	// second statement; serializationFailures and deadlocks the Reserve
+	// rounds PostgreSQL rolled back for a conflict (see reserve.go).
+	fallbacks, serializationFailures, deadlocks atomic.Int64
+
+	// watches shares one poll per key among the waiters (see wait.go).
+	watches watches
+
+	closed atomic.Bool // set by Close
+	pinned bool        // the pool starts its sessions at READ COMMITTED
 
 	closeOnce   sync.Once
 	stop        context.CancelFunc // stops the cleanup goroutine
@@ -151,6 +169,12 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if opts.LapsedGrace <= 0 {
 		opts.LapsedGrace = DefaultLapsedGrace
 	}
+	if opts.ScanTimeout <= 0 {
+		opts.ScanTimeout = statementTimeout
+		if opts.Timeout > 0 {
+			opts.ScanTimeout = 10 * min(opts.Timeout, MaxDuration/10)
+		}
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &Store{
 		pool:        pool,
@@ -161,6 +185,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		cleanupLock: lockKey("cleanup", table),
 		stop:        stop,
 		cleanupDone: make(chan struct{}),
+		pinned:      pins(pool),
 	}
 	go s.cleanupLoop(ctx)
 	return s, nil
@@ -170,6 +195,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 // up, and closes the pool. It is idempotent and returns nil.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.closed.Store(true)
 		s.stop()
 		<-s.cleanupDone
 		s.pool.Close()
@@ -178,7 +204,14 @@ func (s *Store) Close() error {
 }
 
 // Ping implements storage.Pinger.
-func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	if err := s.pool.Ping(ctx); err != nil {
+		return s.fail(ctx, "ping", err)
+	}
+	return nil
+}
 
 // Pool returns the store's connection pool, for its statistics. It is
 // closed by Close; do not close it yourself.
@@ -210,15 +243,26 @@ func sanitizeTable(name string) (string, error) {
 	return pgx.Identifier(parts).Sanitize(), nil
 }
 
-// opContext applies the store's statement timeout to ctx.
+// opContext applies the store's operation timeout to ctx.
 func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if s.opts.Timeout <= 0 {
+	return withTimeout(ctx, s.opts.Timeout)
+}
+
+// scanContext applies the store's timeout for scans of the table to ctx.
+func (s *Store) scanContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return withTimeout(ctx, s.opts.ScanTimeout)
+}
+
+// withTimeout bounds ctx by d from now, unless d is not positive or ctx
+// ends sooner anyway.
+func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d <= 0 {
 		return ctx, func() {}
 	}
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.opts.Timeout {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, s.opts.Timeout)
+	return context.WithTimeout(ctx, d)
 }
 
 // lockKey derives an advisory lock key for purpose on table. Advisory

@@ -12,11 +12,12 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
-// maxReserveAttempts bounds the reserve/lookup rounds of one Reserve. Each
-// extra round means the key changed hands between two statements, which
-// takes a competitor's whole round trip; a few in a row means something is
-// churning the key far faster than any client retries.
-const maxReserveAttempts = 8
+// maxReserveAttempts bounds the rounds of one Reserve. A round ends
+// without an answer when the key changed hands between two statements,
+// which takes a competitor's whole round trip, or when PostgreSQL rolled
+// a statement back for a conflict (see retryable); a few in a row mean
+// something is churning the key far faster than any client retries.
+const maxReserveAttempts = maxAttempts
 
 // Reserve implements storage.Store, in one statement in the common cases.
 //
@@ -31,12 +32,25 @@ const maxReserveAttempts = 8
 // deleted, lapsed), it starts over. Every Reserve therefore ends with a
 // definite outcome, at the price of an extra round trip in that race,
 // which only concurrent requests for the same key run into.
+//
+// Under REPEATABLE READ or SERIALIZABLE (a pool that does not pin READ
+// COMMITTED on a database or role defaulting to them, see NewPoolConfig)
+// the same race ends in a serialization failure instead, and so can
+// unrelated statements under SERIALIZABLE; the statement was rolled back
+// and the round starts over, with a new snapshot that shows the row.
+//
+// Timeout bounds the whole call, every round included.
 func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
 	if lease <= 0 {
-		return storage.Reservation{}, fmt.Errorf("postgres reserve: lease %v is not positive", lease)
+		return storage.Reservation{}, fmt.Errorf("postgres reserve: %w: lease %v is not positive", storage.ErrInvalid, lease)
 	}
+	if err := checkKey(key); err != nil {
+		return storage.Reservation{}, fmt.Errorf("postgres reserve: %w", err)
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
 	if err := s.ensureSchema(ctx); err != nil {
-		return storage.Reservation{}, s.fail("reserve", err)
+		return storage.Reservation{}, s.fail(ctx, "reserve", err)
 	}
 	if fp == nil {
 		fp = []byte{} // nil would be NULL
@@ -45,40 +59,65 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 	// A failed statement may have committed before its reply was lost:
 	// the caller gets the token to release (see storage.Reservation).
 	failed := func(err error) (storage.Reservation, error) {
-		return storage.Reservation{Token: tok}, s.fail("reserve", err)
+		return storage.Reservation{Token: tok}, s.fail(ctx, "reserve", err)
 	}
-	for range maxReserveAttempts {
+	var err error
+	for attempt := range maxReserveAttempts {
+		if attempt > 0 && retryable(err) && !retryPause(ctx, attempt) {
+			return failed(err)
+		}
 		var row existingRow
-		err := s.queryRow(ctx, s.sql.reserve, row.reserveDest(), key.Scope, key.ID, fp, int64(tok), micros(lease))
+		err = s.queryRow(ctx, row.reserveDest(), s.sql.reserve, key.Scope, key.ID, fp, int64(tok), micros(lease))
 		switch {
 		case err == nil && row.acquired:
 			return storage.Reservation{Outcome: storage.Acquired, Token: tok}, nil
 		case err == nil:
-			return row.reservation(fp)
+			return s.answer(ctx, &row, fp)
+		case retryable(err):
+			s.countRetry(err)
+			continue
 		case !errors.Is(err, pgx.ErrNoRows):
 			return failed(err)
 		}
 
 		// The visibility gap: the row exists but our snapshot predates it.
 		s.fallbacks.Add(1)
-		err = s.queryRow(ctx, s.sql.lookup, row.dest(), key.Scope, key.ID, fp)
+		err = s.queryRow(ctx, row.dest(), s.sql.lookup, key.Scope, key.ID, fp)
 		switch {
 		case err == nil:
-			return row.reservation(fp)
+			return s.answer(ctx, &row, fp)
+		case retryable(err):
+			s.countRetry(err)
+			continue
 		case !errors.Is(err, pgx.ErrNoRows):
 			return failed(err)
 		}
 		// Gone again: try to take it.
 	}
-	return storage.Reservation{}, fmt.Errorf("postgres reserve: the key changed hands %d times during one reservation", maxReserveAttempts)
+	if retryable(err) {
+		return failed(err)
+	}
+	return storage.Reservation{Token: tok}, fmt.Errorf("postgres reserve: the key changed hands %d times during one reservation", maxReserveAttempts)
 }
 
-// queryRow runs one statement under the store's timeout and scans its
-// row into dest.
-func (s *Store) queryRow(ctx context.Context, sql string, dest []any, args ...any) error {
-	ctx, cancel := s.opContext(ctx)
-	defer cancel()
-	return s.pool.QueryRow(ctx, sql, args...).Scan(dest...)
+// countRetry counts a Reserve round rolled back for err, a retryable
+// error.
+func (s *Store) countRetry(err error) {
+	if serializationFailed(err) {
+		s.serializationFailures.Add(1)
+	} else {
+		s.deadlocks.Add(1)
+	}
+}
+
+// answer is what Reserve reports for the live row r, with its errors
+// wrapped.
+func (s *Store) answer(ctx context.Context, r *existingRow, fp []byte) (storage.Reservation, error) {
+	res, err := r.reservation(fp)
+	if err != nil {
+		return storage.Reservation{}, s.fail(ctx, "reserve", err)
+	}
+	return res, nil
 }
 
 // existingRow is a live record as the reserve and lookup statements
@@ -130,7 +169,7 @@ func (r *existingRow) reservation(fp []byte) (storage.Reservation, error) {
 	case stateCompleted:
 		resp, err := response(r.status, r.headers, r.body, r.bodyOmitted)
 		if err != nil {
-			return storage.Reservation{}, fmt.Errorf("postgres reserve: %w", err)
+			return storage.Reservation{}, err
 		}
 		rec.State = storage.Completed
 		rec.Response = resp
@@ -139,11 +178,15 @@ func (r *existingRow) reservation(fp []byte) (storage.Reservation, error) {
 		}
 		return storage.Reservation{Outcome: storage.Replay, Record: rec}, nil
 	}
-	return storage.Reservation{}, fmt.Errorf("postgres reserve: %w: state %d", storage.ErrCorrupt, r.state)
+	return storage.Reservation{}, fmt.Errorf("%w: state %d", storage.ErrCorrupt, r.state)
 }
 
-// response rebuilds a recorded response from its columns.
+// response rebuilds a recorded response from its columns: an error
+// wrapping storage.ErrCorrupt when they hold what Complete never writes.
 func response(status int32, headers, body []byte, omitted bool) (*storage.Response, error) {
+	if !storage.ValidStatus(int(status)) {
+		return nil, fmt.Errorf("%w: status %d", storage.ErrCorrupt, status)
+	}
 	h, err := storage.DecodeHeader(headers)
 	if err != nil {
 		return nil, err
@@ -152,10 +195,4 @@ func response(status int32, headers, body []byte, omitted bool) (*storage.Respon
 		body = nil
 	}
 	return &storage.Response{Status: int(status), Header: h, Body: body, BodyOmitted: omitted}, nil
-}
-
-// micros converts a positive duration to whole microseconds, rounding up
-// so that a sub-microsecond lease or TTL is not zero.
-func micros(d time.Duration) int64 {
-	return int64((d + time.Microsecond - 1) / time.Microsecond)
 }

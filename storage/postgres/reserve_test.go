@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
@@ -125,24 +127,32 @@ WHERE wait_event_type = 'Lock' AND query LIKE 'WITH live AS%' AND position($1 in
 // Acquired per round and Conflict for the rest, never an error or an empty
 // result.
 func TestConcurrentReservesAlwaysDecide(t *testing.T) {
+	dsn := pgtest.Require(t)
+	table := pgtest.Table(t, dsn)
+	hammer(t, 60,
+		openStore(t, testPool(t, dsn, 12), postgres.Options{Table: table, CreateTable: true}),
+		openStore(t, testPool(t, dsn, 12), postgres.Options{Table: table, CreateTable: true}))
+}
+
+// hammer runs rounds of racers reserving one key at once through stores,
+// every other round on an expired record to take over, and fails unless
+// each round has exactly one Acquired and Conflict for the rest.
+func hammer(t *testing.T, rounds int, stores ...*postgres.Store) {
 	const (
-		rounds  = 60
 		racers  = 48
 		ttlUsed = 30 * time.Millisecond
 	)
-	dsn := pgtest.Require(t)
-	table := pgtest.Table(t, dsn)
-	stores := []*postgres.Store{
-		openStore(t, testPool(t, dsn, 12), postgres.Options{Table: table, CreateTable: true}),
-		openStore(t, testPool(t, dsn, 12), postgres.Options{Table: table, CreateTable: true}),
-	}
 	ctx := t.Context()
 	for round := range rounds {
 		key := storage.Key{Scope: "hammer", ID: fmt.Sprint(round)}
 		takeover := round%2 == 1
 		if takeover {
 			completed(t, stores[0], key, ttlUsed)
-			time.Sleep(3 * ttlUsed)
+			// Expired once Get no longer finds it, by the server's clock.
+			testutil.Eventually(t, 10*time.Second, "the record to expire", func() bool {
+				_, err := stores[0].Get(ctx, key, false)
+				return errors.Is(err, storage.ErrNotFound)
+			})
 		}
 		res := make([]storage.Reservation, racers)
 		errs := make([]error, racers)
@@ -175,7 +185,14 @@ func TestConcurrentReservesAlwaysDecide(t *testing.T) {
 			t.Fatalf("round %d (takeover %v): %d racers acquired, want exactly 1", round, takeover, acquired)
 		}
 	}
-	t.Logf("%d reservations read the row in a second statement", stores[0].Fallbacks()+stores[1].Fallbacks())
+	var fallbacks, retries, serialization int64
+	for _, s := range stores {
+		fallbacks += s.Fallbacks()
+		retries += s.Retries()
+		serialization += s.SerializationFailures()
+	}
+	t.Logf("%d reservations read the row in a second statement, %d rounds were rolled back and run again (%d serialization failures, %d deadlocks)",
+		fallbacks, retries, serialization, retries-serialization)
 }
 
 // TestReplayAndConflictWriteNothing checks that answering a known key

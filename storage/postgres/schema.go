@@ -2,12 +2,10 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Schema returns the DDL of table (default idempotency_keys when empty):
@@ -100,7 +98,7 @@ func (s *Store) ensureSchema(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	if err := s.createSchema(ctx); err != nil {
+	if err := retry(ctx, func() error { return s.createSchema(ctx) }); err != nil {
 		a.err = fmt.Errorf("creating table %s: %w", s.table, err)
 	} else {
 		s.schemaReady.Store(true)
@@ -146,30 +144,4 @@ func (s *Store) createSchema(ctx context.Context) error {
 		}
 		return nil
 	})
-}
-
-// SQLSTATEs that point at a table made by hand without every column.
-const (
-	undefinedTable  = "42P01"
-	undefinedColumn = "42703"
-)
-
-// fail wraps an error of operation op with context. A missing table gets a
-// hint, since with create_table off it is a deployment mistake rather than
-// an outage. Errors never carry the connection string.
-func (s *Store) fail(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == undefinedTable {
-		hint := "create it with the DDL from postgres.Schema (or the README), or let the store create it"
-		if s.opts.CreateTable {
-			// Dropped after the store created it.
-			s.schemaReady.Store(false)
-			hint = "it will be created again on the next operation"
-		}
-		return fmt.Errorf("postgres %s: table %s does not exist (%s): %w", op, s.table, hint, err)
-	}
-	if errors.As(err, &pgErr) && pgErr.Code == undefinedColumn && !s.opts.CreateTable {
-		return fmt.Errorf("postgres %s: table %s lacks a column of this version (add it with the DDL from postgres.Schema: ALTER TABLE %s ADD COLUMN IF NOT EXISTS detail bytea): %w", op, s.table, s.table, err)
-	}
-	return fmt.Errorf("postgres %s: %w", op, err)
 }

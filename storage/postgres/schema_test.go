@@ -117,6 +117,9 @@ func TestMissingTableWithoutCreateTable(t *testing.T) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
 		t.Fatalf("Reserve on a missing table: %v, want SQLSTATE 42P01", err)
 	}
+	if storage.Unavailable(err) {
+		t.Errorf("Reserve on a missing table: %v reads as the store being unavailable: fail_open would run requests without idempotency", err)
+	}
 	for _, want := range []string{"postgres reserve", table, "does not exist", "Schema"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
@@ -194,6 +197,8 @@ func TestUnreachableServer(t *testing.T) {
 			t.Errorf("%s succeeded with the server down", op)
 		case errors.Is(err, storage.ErrLeaseLost), errors.Is(err, storage.ErrNotFound):
 			t.Errorf("%s: %v, want a connection error, not an answer", op, err)
+		case !errors.Is(err, storage.ErrUnavailable) || !storage.Unavailable(err):
+			t.Errorf("%s: %v, want an error wrapping storage.ErrUnavailable", op, err)
 		case !strings.HasPrefix(err.Error(), "postgres "+op):
 			t.Errorf("%s: %q does not name the operation", op, err)
 		case strings.Contains(err.Error(), "s3cret"):

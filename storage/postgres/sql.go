@@ -20,6 +20,7 @@ type statements struct {
 	reserve, lookup                           string
 	complete, release, renew, get, delete     string
 	getByHash, deleteByHash                   string
+	watch                                     string
 	cleanupBatch, tryCleanupLock, cleanupDone string
 }
 
@@ -116,6 +117,14 @@ WHERE ctid = ANY (ARRAY(
 	COALESCE(status, 0), headers, CASE WHEN $2 THEN body END, body_omitted
 FROM {table} WHERE expires_at > now() AND ` + byHash),
 		deleteByHash: q(`DELETE FROM {table} WHERE expires_at > now() AND ` + byHash),
+
+		// What a waiter's poller reads (see wait.go): the state, the
+		// lease's token and the microseconds it has left, rounded up (so
+		// that a lease with any time left reads as positive) and bounded
+		// both ways to stay within a bigint whatever the row holds.
+		watch: q(`SELECT state, token,
+	GREATEST(LEAST(ceil(extract(epoch FROM expires_at - now()) * 1000000), 3153600000000000), -1)::bigint
+FROM {table} WHERE scope = $1 AND key = $2`),
 
 		tryCleanupLock: `SELECT pg_try_advisory_lock($1)`,
 		cleanupDone:    `SELECT pg_advisory_unlock($1)`,

@@ -1,0 +1,154 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// What an error means to the caller. A caller may go on without the
+// store (the Caddy module's fail_open) only after an error wrapping
+// storage.ErrUnavailable: PostgreSQL could not be reached or did not
+// answer in time. Every error that proves the server answered (a missing
+// table, a permission, a constraint, a value it refused, a row the store
+// cannot decode, a serialization failure that outlived the retries) does
+// not wrap it, so that such a deployment mistake or corruption fails
+// closed instead of silently running every request without
+// idempotency. An error the store cannot place is treated as an answer.
+
+// SQLSTATEs the store tells apart.
+const (
+	serializationFailure = "40001"
+	deadlockDetected     = "40P01"
+	undefinedTable       = "42P01"
+	undefinedColumn      = "42703"
+)
+
+// unavailableCode reports whether a server error with SQLSTATE code
+// means that the server cannot serve the store now, rather than an
+// answer about the statement: a broken connection (class 08), a server
+// shutting down, crashed or still starting (57P01, 57P02, 57P03), a
+// session ended for idling (57P05), no connection slot left (53300), and
+// a statement that ran out of time, cancelled by the store's own timeout
+// or by the server's statement_timeout or lock_timeout (57014, 55P03).
+func unavailableCode(code string) bool {
+	if strings.HasPrefix(code, "08") {
+		return true
+	}
+	switch code {
+	case "57P01", "57P02", "57P03", "57P05", "53300", "57014", "55P03":
+		return true
+	}
+	return false
+}
+
+// retryable reports whether err is PostgreSQL giving up on a statement
+// that conflicted with a concurrent one: a serialization failure (which a
+// database or role defaulting to REPEATABLE READ or SERIALIZABLE, or a
+// pool that does not pin READ COMMITTED, produces) or a deadlock. The
+// statement was rolled back, so running it again is safe.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == serializationFailure || pgErr.Code == deadlockDetected)
+}
+
+// serializationFailed reports whether err is a serialization failure,
+// which a session at READ COMMITTED never gets.
+func serializationFailed(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == serializationFailure
+}
+
+// maxAttempts bounds how many times one operation runs a statement that
+// PostgreSQL rolled back for a conflict (see retryable).
+const maxAttempts = 8
+
+// retryPause waits before the next attempt: a random time, so that
+// statements that conflicted once do not meet again in lockstep, up to a
+// bound that doubles with every attempt from 1ms (under SERIALIZABLE,
+// hundreds of statements on neighbouring keys can keep failing each
+// other). All the pauses of one operation add up to at most 255ms. It
+// returns false when ctx is done meanwhile.
+func retryPause(ctx context.Context, attempt int) bool {
+	return sleep(ctx, time.Duration(rand.Int64N(int64(time.Millisecond)<<min(attempt, maxAttempts))))
+}
+
+// retry runs fn, again while it fails with a retryable error, at most
+// maxAttempts times, and returns its last error.
+func retry(ctx context.Context, fn func() error) error {
+	var err error
+	for attempt := range maxAttempts {
+		if err = fn(); !retryable(err) || attempt == maxAttempts-1 || !retryPause(ctx, attempt) {
+			return err
+		}
+	}
+	return err
+}
+
+// unavailable reports whether err, from a statement run under ctx, means
+// that PostgreSQL could not be reached or did not answer in time.
+func (s *Store) unavailable(ctx context.Context, err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// The server spoke (perhaps while refusing a connection).
+		return unavailableCode(pgErr.Code)
+	}
+	var netErr net.Error
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		return true
+	case errors.Is(err, context.Canceled):
+		return false // the caller gave up, not the server
+	case errors.As(err, &netErr), pgconn.Timeout(err):
+		return true
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, pgconn.ErrConnClosed):
+		return true // the connection broke mid-conversation
+	case s.closed.Load():
+		return true // closed with the store: nothing answers any more
+	}
+	return false
+}
+
+// fail wraps an error of operation op, run under ctx, with context and
+// its meaning (see the top of this file). A missing table gets a hint,
+// since with create_table off it is a deployment mistake rather than an
+// outage. Errors never carry the connection string.
+func (s *Store) fail(ctx context.Context, op string, err error) error {
+	var pgErr *pgconn.PgError
+	var scanErr pgx.ScanArgError
+	switch {
+	case errors.Is(err, storage.ErrCorrupt), errors.Is(err, storage.ErrInvalid):
+		return fmt.Errorf("postgres %s: %w", op, err)
+	case errors.As(err, &scanErr):
+		// A column holds what the store never writes (someone else wrote
+		// the row, or changed the table).
+		return fmt.Errorf("postgres %s: %w: %w", op, storage.ErrCorrupt, err)
+	case errors.Is(ctx.Err(), context.Canceled) && !errors.Is(err, context.Canceled):
+		// A statement the caller cancelled comes back as the server's
+		// query_canceled, which must not read as a timeout.
+		return fmt.Errorf("postgres %s: %w: %w", op, ctx.Err(), err)
+	case s.unavailable(ctx, err):
+		return fmt.Errorf("postgres %s: %w: %w", op, storage.ErrUnavailable, err)
+	case errors.As(err, &pgErr) && pgErr.Code == undefinedTable:
+		hint := "create it with the DDL from postgres.Schema (or the README), or let the store create it"
+		if s.opts.CreateTable {
+			// Dropped after the store created it.
+			s.schemaReady.Store(false)
+			hint = "it will be created again on the next operation"
+		}
+		return fmt.Errorf("postgres %s: table %s does not exist (%s): %w", op, s.table, hint, err)
+	case errors.As(err, &pgErr) && pgErr.Code == undefinedColumn && !s.opts.CreateTable:
+		return fmt.Errorf("postgres %s: table %s lacks a column of this version (add it with the DDL from postgres.Schema: ALTER TABLE %s ADD COLUMN IF NOT EXISTS detail bytea): %w", op, s.table, s.table, err)
+	}
+	return fmt.Errorf("postgres %s: %w", op, err)
+}
