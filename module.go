@@ -360,6 +360,10 @@ func (h *Handler) loadStorage(ctx caddy.Context) error {
 	}
 	h.backend, h.backendName = backend, name
 	h.store = backend.Store()
+	if kl, ok := h.store.(storage.KeyLimiter); ok && kl.MaxKeyLength() > 0 && h.MaxKeyLength > kl.MaxKeyLength() {
+		// Refused at start-up, not with a 503 for every long key.
+		return fmt.Errorf("max_key_length %d is more than the %s store can hold: at most %d", h.MaxKeyLength, name, kl.MaxKeyLength())
+	}
 	h.waiter, _ = h.store.(storage.Waiter)
 	h.ops = newTimedStore(h.store, name)
 	h.aftercare = &aftercare{store: h.ops, hold: h.holdStore, logger: h.logger}

@@ -34,6 +34,11 @@ func (h *Handler) waitFor(r *http.Request) (wait time.Duration, asked bool) {
 // store load.
 var maxWaiters int32 = 1000 // a variable for the tests
 
+// maxWaitBetweenLooks bounds one Wait on a store that notifies: a waiter
+// looks at the record at least this often. Looking costs a store round
+// trip (a transaction on PostgreSQL), so it is not short.
+const maxWaitBetweenLooks = 5 * time.Second
+
 // enterWait takes a waiter's place, if one is free; leaveWait gives it
 // back.
 func (h *Handler) enterWait() bool {
@@ -89,7 +94,10 @@ func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res sto
 		if remaining <= 0 || ctx.Err() != nil {
 			return res, nil
 		}
-		if h.waiter == nil || h.waiter.Wait(ctx, key, min(remaining, time.Second)) != nil {
+		// A Waiter wakes us when the record may have changed, a lapse
+		// included; the cap only bounds how long a notification that got
+		// lost (a reconnect) could keep a waiter from looking again.
+		if h.waiter == nil || h.waiter.Wait(ctx, key, min(remaining, maxWaitBetweenLooks)) != nil {
 			// No notifications (or they failed): poll with backoff.
 			sleep(ctx, min(pause, remaining))
 			pause = min(2*pause, 250*time.Millisecond)

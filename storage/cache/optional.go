@@ -46,3 +46,14 @@ func (c *Store) Ping(ctx context.Context) error {
 	}
 	return nil
 }
+
+var _ storage.KeyLimiter = (*Store)(nil)
+
+// MaxKeyLength implements storage.KeyLimiter for the wrapped store: 0
+// (no bound) when it has none.
+func (c *Store) MaxKeyLength() int {
+	if kl, ok := c.Store.(storage.KeyLimiter); ok {
+		return kl.MaxKeyLength()
+	}
+	return 0
+}
