@@ -209,7 +209,12 @@ func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next tim
 			c.answered, c.notBefore = true, now.Add(ghostSettle)
 			later(c)
 		case errors.Is(err, storage.ErrLeaseLost):
-			// Taken over, deleted, or never written: nothing of ours.
+			// Taken over, deleted, or never written: nothing of ours. (Or
+			// written by an earlier try whose answer was lost.)
+			if c.kind != choreAbandon {
+				a.logger.Info("an idempotency store write found its lease gone: taken over after a lapse, deleted, or done by an earlier try",
+					zap.String("op", c.kind.String()), zap.String("key_hash", c.key.Hash()))
+			}
 			a.finish(c, now)
 		default:
 			failing = true

@@ -16,24 +16,23 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
-// Renewal cadence. A renewal attempt starts every lock_timeout/renewals,
-// counted from the start of the one before, whatever became of it; each
-// gives up after half of that. So an attempt stuck on a black-holed store
-// (PostgreSQL adds a 300ms cancel grace) never delays the next, and once
-// the store answers again the next attempt lands within a tenth of the
-// lease: an outage of the store, or a stall of the process, shorter than
-// 8/10 of lock_timeout minus the time a renewal takes to reach the store
-// never loses the lease (3/4 of it while a renewal takes less than its
-// timeout, a twentieth of lock_timeout; the proof is in
-// docs/guarantees.md).
+// Renewal cadence. An attempt starts every lock_timeout/renewals, counted
+// from the start of the one before whatever became of it, and gives up
+// after half of that: an attempt stuck on a black-holed store (PostgreSQL
+// adds a 300ms cancel grace) never delays the next, and once the store
+// answers again a renewal lands within a tenth of the lease. The lease so
+// outlives any interruption d (the store unreachable or stalled, or this
+// process stalled) with d + 2δ < 8/10 of lock_timeout, δ being how long a
+// renewal takes to reach the store: 3/4 of lock_timeout while δ is below
+// a fortieth of it (docs/guarantees.md).
 const (
 	renewals = 10
 
 	// maxRenewing bounds the attempts of one lease outstanding at once,
-	// against a store that does not honour deadlines. An attempt lasts at
-	// most its timeout plus PostgreSQL's 300ms cancel grace: 350ms at
-	// the floor of lock_timeout (1s), under 4 cadences of 100ms, so the
-	// bound never holds back an attempt of a store that honours them.
+	// against a store that does not honour deadlines. An attempt of one
+	// that does lasts at most its timeout and PostgreSQL's cancel grace,
+	// 350ms at the floor of lock_timeout (1s): 4 outstanding at most, so
+	// the bound never holds back such an attempt.
 	maxRenewing = 5
 )
 
@@ -126,36 +125,41 @@ func (l *lease) renew() {
 // renewed takes the answer of one attempt.
 func (l *lease) renewed(err error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.renewing--
 	if l.holders == 0 || l.lost {
+		l.mu.Unlock()
 		return // done with: the write that settled the record reports
 	}
+	failed, settling := l.failing, l.settling
 	switch {
 	case err == nil:
-		if l.failing > 0 {
-			l.logger.Info("renewed idempotency lease after failed attempts",
-				zap.String("key_hash", l.key.Hash()), zap.Int("failed", l.failing))
-			l.failing = 0
+		l.failing = 0
+	case errors.Is(err, storage.ErrLeaseLost):
+		l.lost = true
+		l.timer.Stop()
+	default:
+		l.failing++
+	}
+	l.mu.Unlock()
+
+	kh := zap.String("key_hash", l.key.Hash())
+	switch {
+	case err == nil:
+		if failed > 0 {
+			l.logger.Info("renewed idempotency lease after failed attempts", kh, zap.Int("failed", failed))
 		}
 	case errors.Is(err, storage.ErrLeaseLost):
 		// Deleted by an admin, or taken over after a lapse: the record is
-		// someone else's now and this request's response will not be
-		// kept. (Or, once settling, the record was just completed or
-		// released: nothing to say.)
-		l.lost = true
-		l.timer.Stop()
-		if !l.settling {
-			l.logger.Warn("idempotency lease lost while the request runs; its response will not be recorded",
-				zap.String("key_hash", l.key.Hash()))
+		// someone else's now. (Once settling, the write that settles the
+		// record reports what became of it.)
+		if !settling {
+			l.logger.Warn("idempotency lease lost while the request runs; its response will not be recorded", kh)
 		}
+	case failed == 0:
+		l.logger.Warn("renewing idempotency lease failed; retrying", kh, zap.Duration("every", l.every), zap.Error(err))
 	default:
-		l.failing++
-		if l.failing == 1 {
-			l.logger.Warn("renewing idempotency lease failed; retrying",
-				zap.String("key_hash", l.key.Hash()), zap.Duration("every", l.every), zap.Error(err))
-		} else if c := l.logger.Check(zapcore.DebugLevel, "renewing idempotency lease failed again"); c != nil {
-			c.Write(zap.String("key_hash", l.key.Hash()), zap.Int("failed", l.failing), zap.Error(err))
+		if c := l.logger.Check(zapcore.DebugLevel, "renewing idempotency lease failed again"); c != nil {
+			c.Write(kh, zap.Int("failed", failed+1), zap.Error(err))
 		}
 	}
 }
