@@ -14,10 +14,18 @@ import (
 // recorded, and retry the key on a second instance all along: the second
 // instance must answer 409 (the same request) or 422 (another body) until
 // the first request's record is written, and the upstream must run once.
+//
+// The tolerance holds whenever the outage starts; these start where the
+// cadence of old (a renewal every third of lock_timeout, the next one
+// scheduled once the last had failed) lost the lease every time. With the
+// renewal every tenth, the lease in these runs has at least a cadence
+// (400ms) to spare: measured, the same cut lasting 0.95 lock_timeout still
+// passes, and one lasting 1.05 lock_timeout loses the key at the lapse the
+// proof predicts.
 
 // toleranceLease is the lock_timeout of these tests: long enough that the
 // scheduling delays of a loaded machine are small beside its tenth (the
-// renewal cadence, 400ms).
+// renewal cadence, 400ms) and the margin above.
 const toleranceLease = 4 * time.Second
 
 // toleratedOutage is the tolerance the tests prove: 3/4 of lock_timeout.
@@ -145,10 +153,10 @@ func mustHaveLogged(t *testing.T, inst *caddyproc.Instance, what string) {
 	}
 }
 
-// An outage of the documented tolerance while the request runs, starting
-// a moment before a renewal at lock_timeout/3 (the cadence of old, under
-// which such an outage lost the lease), never lets another instance run
-// the key.
+// An outage of the documented tolerance while the request runs never lets
+// another instance run the key. It starts a moment before the first
+// renewal of old (lock_timeout/3 after the request began), which it made
+// fail, the next two with it.
 func TestStoreOutagesOfTheToleranceWhileARequestRunsRunItOnce(t *testing.T) {
 	for _, b := range outageBackends {
 		for _, o := range outageKinds {
@@ -190,9 +198,10 @@ func TestStoreOutagesOfTheToleranceWhileAResponseIsRecordedRunItOnce(t *testing.
 			t.Run(b.name+"/"+o.name, func(t *testing.T) {
 				s := newOutageSetup(t, b.open(t))
 				const key = "order-outage-recording"
-				// The upstream answers a moment before a renewal at
-				// lock_timeout*2/3 of old: the lease, no longer renewed
-				// under the old rules, lapsed within the outage.
+				// The upstream answers a moment before the second renewal
+				// of old (lock_timeout*2/3), which never came: nothing
+				// renewed the lease once the write had failed, and it
+				// lapsed within the outage.
 				work := toleranceLease*2/3 - 30*time.Millisecond
 				first := running(t, s.up, s.a, key, outageBody, work)
 				began := time.Now().Add(work - 50*time.Millisecond)
