@@ -155,8 +155,7 @@ func mustHaveLogged(t *testing.T, inst *caddyproc.Instance, what string) {
 
 // An outage of the documented tolerance while the request runs never lets
 // another instance run the key. It starts a moment before the first
-// renewal of old (lock_timeout/3 after the request began), which it made
-// fail, the next two with it.
+// renewal of old, lock_timeout/3 after the request began.
 func TestStoreOutagesOfTheToleranceWhileARequestRunsRunItOnce(t *testing.T) {
 	for _, b := range outageBackends {
 		for _, o := range outageKinds {
