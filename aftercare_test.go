@@ -1,8 +1,14 @@
 package idempotency
 
 import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"go.uber.org/zap"
 
@@ -57,5 +63,113 @@ func TestReclaimReleasesAPendingGhost(t *testing.T) {
 	}
 	if _, err := store.Get(t.Context(), key, false); err == nil {
 		t.Fatal("the ghost is still there")
+	}
+}
+
+// failingStore fails Complete and Release while down, and counts Renew
+// calls, which it lets through: a store that a write cannot reach for a
+// while.
+type failingStore struct {
+	storage.Store
+	mu       sync.Mutex
+	down     bool
+	renewals int
+}
+
+func (s *failingStore) isDown() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.down
+}
+
+func (s *failingStore) setDown(down bool) {
+	s.mu.Lock()
+	s.down = down
+	s.mu.Unlock()
+}
+
+func (s *failingStore) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
+	if s.isDown() {
+		return errUnreachable
+	}
+	return s.Store.Complete(ctx, key, token, resp, ttl)
+}
+
+func (s *failingStore) Release(ctx context.Context, key storage.Key, token storage.Token) error {
+	if s.isDown() {
+		return errUnreachable
+	}
+	return s.Store.Release(ctx, key, token)
+}
+
+func (s *failingStore) Renew(ctx context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
+	s.mu.Lock()
+	s.renewals++
+	s.mu.Unlock()
+	return s.Store.Renew(ctx, key, token, lease)
+}
+
+func (s *failingStore) renewed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.renewals
+}
+
+// A write that waits in aftercare keeps its request's lease: for longer
+// than lock_timeout after the request ended, a retry with the same
+// request gets 409 and one with another body 422, never a run, until the
+// write lands. (Before, nothing renewed the lease meanwhile: it lapsed,
+// and a retry on another instance ran the upstream again.)
+func TestAWriteWaitingInAftercareKeepsItsLease(t *testing.T) {
+	for _, write := range []string{"complete", "release"} {
+		t.Run(write, func(t *testing.T) {
+			h := isolated(t, &Handler{LockTimeout: caddy.Duration(time.Second)})
+			store := &failingStore{Store: h.store}
+			h.store, h.ops, h.waiter, h.aftercare.store = store, store, nil, store
+			status := http.StatusCreated
+			if write == "release" {
+				status = http.StatusBadGateway // in release_on
+			}
+			up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+				store.setDown(true) // the store goes away while the request runs
+				w.WriteHeader(status)
+				return nil
+			}}
+			if w := serve(h, up, request("k", `{"a":1}`)); w.Code != status {
+				t.Fatalf("first: %d, want %d", w.Code, status)
+			}
+			up.serve = nil
+
+			// A lease's worth of renewals after the request ended: without
+			// them the lease would have lapsed by now.
+			ended := store.renewed()
+			testutil.Eventually(t, 20*time.Second, "a lease's worth of renewals while the write waits", func() bool {
+				return store.renewed() >= ended+renewals+1
+			})
+			if w := serve(h, up, request("k", `{"a":1}`)); w.Code != http.StatusConflict {
+				t.Fatalf("retry while the %s waits, past lock_timeout: %d, want 409", write, w.Code)
+			}
+			if w := serve(h, up, request("k", `{"a":2}`)); w.Code != http.StatusUnprocessableEntity {
+				t.Fatalf("retry with another body while the %s waits, past lock_timeout: %d, want 422", write, w.Code)
+			}
+
+			store.setDown(false)
+			var w *httptest.ResponseRecorder
+			testutil.Eventually(t, 10*time.Second, "the key to leave the in-flight state once the store is back", func() bool {
+				w = serve(h, up, request("k", `{"a":1}`))
+				return w.Code != http.StatusConflict
+			})
+			switch write {
+			case "complete":
+				if !(w.Code == status && w.Header().Get("Idempotent-Replayed") == "true") || up.calls.Load() != 1 {
+					t.Fatalf("retry after the store came back: %d replayed=%q, upstream ran %d times; want the replay and 1",
+						w.Code, w.Header().Get("Idempotent-Replayed"), up.calls.Load())
+				}
+			case "release":
+				if w.Code != http.StatusCreated || up.calls.Load() != 2 {
+					t.Fatalf("retry after the store came back: %d, upstream ran %d times; want a second run", w.Code, up.calls.Load())
+				}
+			}
+		})
 	}
 }

@@ -122,6 +122,9 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	// handler reads the body.
 	detail := h.fingerprint.Detail(r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes())
 	l := holdLease(h.ops, h.logger, k.key, token, time.Duration(h.LockTimeout))
+	// Runs after the record is settled: the write that settles it keeps
+	// the lease alive, in aftercare if the store cannot take it at once.
+	defer l.stop()
 	rec := newRecorder(w, h.MaxResponseSize, h.observing)
 	defer rec.unbound()
 
@@ -140,13 +143,11 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	finished := false
 	defer func() {
 		if !finished {
-			l.stop()
-			h.finish(r.Context(), k.key, token, rec, detail, "the handler panicked")
+			h.finish(withLease(r.Context(), l), k.key, token, rec, detail, "the handler panicked")
 		}
 	}()
 	err := next.ServeHTTP(rec, r)
 	finished = true
-	l.stop()
 	failure := ""
 	switch {
 	case err != nil:
@@ -157,7 +158,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	case rec.status == 0 && !rec.hijacked:
 		h.warnNothingAfter()
 	}
-	h.finish(r.Context(), k.key, token, rec, detail, failure)
+	h.finish(withLease(r.Context(), l), k.key, token, rec, detail, failure)
 	return err
 }
 
@@ -326,8 +327,11 @@ func (h *Handler) reserve(ctx context.Context, key storage.Key, fp []byte) (stor
 }
 
 // complete records resp as the answer for key; if the store fails, it
-// keeps trying in the background.
+// keeps trying in the background, keeping the lease that ctx carries
+// alive meanwhile.
 func (h *Handler) complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response) {
+	l := leaseFrom(ctx)
+	l.settle()
 	err := h.ops.Complete(context.WithoutCancel(ctx), key, token, resp, time.Duration(h.TTL))
 	switch {
 	case err == nil:
@@ -337,13 +341,17 @@ func (h *Handler) complete(ctx context.Context, key storage.Key, token storage.T
 	default:
 		h.logger.Error("recording idempotent response failed; retrying in the background",
 			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
-		h.aftercare.add(&chore{kind: choreComplete, key: key, token: token, resp: resp, ttl: time.Duration(h.TTL), until: h.aftercareDeadline()})
+		h.aftercare.add(&chore{kind: choreComplete, key: key, token: token, resp: resp, ttl: time.Duration(h.TTL), until: h.aftercareDeadline(), lease: l.keep()})
 	}
 }
 
 // release frees key so that a retry runs again; if the store fails, it
-// keeps trying in the background.
+// keeps trying in the background, keeping the lease that ctx carries
+// alive meanwhile (so that retries get 409, as they would from a request
+// still running, until the key is free).
 func (h *Handler) release(ctx context.Context, key storage.Key, token storage.Token, why string) {
+	l := leaseFrom(ctx)
+	l.settle()
 	err := h.ops.Release(context.WithoutCancel(ctx), key, token)
 	switch {
 	case err == nil:
@@ -355,7 +363,7 @@ func (h *Handler) release(ctx context.Context, key storage.Key, token storage.To
 	default:
 		h.logger.Error("releasing idempotency key failed; retrying in the background",
 			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.String("reason", why), zap.Error(err))
-		h.aftercare.add(&chore{kind: choreRelease, key: key, token: token, until: h.aftercareDeadline()})
+		h.aftercare.add(&chore{kind: choreRelease, key: key, token: token, until: h.aftercareDeadline(), lease: l.keep()})
 	}
 }
 
@@ -371,8 +379,10 @@ func (h *Handler) abandon(key storage.Key, token storage.Token, err error) {
 }
 
 // aftercareDeadline is how long a write that failed after the upstream ran
-// is retried: past the lease, because the stores keep a lapsed in-flight
-// record that nobody took over and still let its owner complete it.
+// is retried, its lease renewed meanwhile: at least a lease, and a minute,
+// so that a store outage a renewal cannot bridge either ends with the
+// record written (the stores keep a lapsed in-flight record that nobody
+// took over and still let its owner complete it).
 func (h *Handler) aftercareDeadline() time.Time {
 	return time.Now().Add(max(time.Duration(h.LockTimeout), time.Minute))
 }

@@ -1,8 +1,8 @@
 package idempotency
 
-// A record's lease, over a request's life: kept alive while the request
-// runs (lease), and the store writes that finish it when the store could
-// not take them at once (aftercare).
+// The lease of an in-flight record, kept alive from the moment its request
+// runs until the write that settles the record is done (aftercare.go
+// retries that write when the store cannot take it at once).
 
 import (
 	"context"
@@ -11,324 +11,214 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
-// lease keeps the lease on an in-flight record alive while its request
-// runs, renewing it every third of its length: two renewals can fail
-// before it lapses.
-type lease struct {
-	store  storage.Store
-	logger *zap.Logger
-	key    storage.Key
-	token  storage.Token
-	length time.Duration
+// Renewal cadence. An attempt starts every lock_timeout/renewals, counted
+// from the start of the one before whatever became of it, and gives up
+// after half of that: an attempt stuck on a black-holed store (PostgreSQL
+// adds a 300ms cancel grace) never delays the next, and once the store
+// answers again a renewal lands within a tenth of the lease. The lease so
+// outlives any interruption d (the store unreachable or stalled, or this
+// process stalled) with d + 2δ < 8/10 of lock_timeout, δ being how long a
+// renewal takes to reach the store: 3/4 of lock_timeout while δ is below
+// a fortieth of it (docs/guarantees.md).
+const (
+	renewals = 10
 
-	mu      sync.Mutex
-	timer   *time.Timer
-	stopped bool
+	// maxRenewing bounds the attempts of one lease outstanding at once,
+	// against a store that does not honour deadlines. An attempt of one
+	// that does lasts at most its timeout and PostgreSQL's cancel grace,
+	// 350ms at the floor of lock_timeout (1s): 4 outstanding at most, so
+	// the bound never holds back such an attempt.
+	maxRenewing = 5
+)
+
+// clock is what a lease needs of time; tests drive a fake one.
+type clock interface {
+	Now() time.Time
+	AfterFunc(d time.Duration, f func()) stopper
 }
 
-// holdLease starts renewing the lease named by token on store.
+// stopper is a timer that AfterFunc started.
+type stopper interface{ Stop() bool }
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time                              { return time.Now() }
+func (wallClock) AfterFunc(d time.Duration, f func()) stopper { return time.AfterFunc(d, f) }
+
+// lease keeps the lease on an in-flight record alive. It has holders: the
+// request while it runs and settles its record, and the aftercare chore
+// that takes over the write when the store could not take it at once.
+// Renewal ends when the last holder stops, or when the store says the
+// lease is lost.
+type lease struct {
+	store   storage.Store
+	logger  *zap.Logger
+	clock   clock
+	key     storage.Key
+	token   storage.Token
+	length  time.Duration
+	every   time.Duration // cadence: attempts start this far apart
+	timeout time.Duration // an attempt gives up after this
+
+	mu        sync.Mutex
+	holders   int
+	timer     stopper
+	renewing  int  // attempts outstanding
+	lost      bool // the store said the token no longer names the lease
+	settling  bool // a write that ends the lease was sent: its loss is expected
+	failing   int  // attempts failed since the last success (for the log)
+	throttled bool // an attempt was held back by maxRenewing (logged once)
+}
+
+// holdLease starts renewing the lease named by token on store; the caller
+// holds it until it calls stop.
 func holdLease(store storage.Store, logger *zap.Logger, key storage.Key, token storage.Token, length time.Duration) *lease {
-	l := &lease{store: store, logger: logger, key: key, token: token, length: length}
+	return holdLeaseOn(wallClock{}, store, logger, key, token, length)
+}
+
+func holdLeaseOn(c clock, store storage.Store, logger *zap.Logger, key storage.Key, token storage.Token, length time.Duration) *lease {
+	every := length / renewals
+	l := &lease{store: store, logger: logger, clock: c, key: key, token: token, length: length,
+		every: every, timeout: every / 2, holders: 1}
 	l.mu.Lock()
-	l.timer = time.AfterFunc(length/3, l.renew)
+	l.timer = c.AfterFunc(every, l.renew)
 	l.mu.Unlock()
 	return l
 }
 
+// renew makes one attempt, having first scheduled the next one: however
+// long this one takes, the next starts on time.
 func (l *lease) renew() {
-	ctx, cancel := context.WithTimeout(context.Background(), l.length/3)
+	l.mu.Lock()
+	if l.holders == 0 || l.lost {
+		l.mu.Unlock()
+		return
+	}
+	start := l.clock.Now()
+	l.timer = l.clock.AfterFunc(l.every, l.renew)
+	if l.renewing >= maxRenewing {
+		warn := !l.throttled
+		l.throttled = true
+		l.mu.Unlock()
+		if warn {
+			l.logger.Warn("idempotency store does not answer lease renewals within their deadline; holding back new ones",
+				zap.String("key_hash", l.key.Hash()), zap.Int("outstanding", maxRenewing))
+		}
+		return
+	}
+	l.renewing++
+	l.mu.Unlock()
+
+	// Renewals go through the handler's timed store (latency metric); they
+	// belong to no request's trace.
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(l.timeout))
 	err := l.store.Renew(ctx, l.key, l.token, l.length)
 	cancel()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.stopped {
-		return // finished meanwhile: the request reports what happened
-	}
-	switch {
-	case errors.Is(err, storage.ErrLeaseLost):
-		// Deleted by an admin, or taken over after a lapse: the record is
-		// someone else's now and this request's response will not be kept.
-		l.logger.Warn("idempotency lease lost while the request runs; its response will not be recorded",
-			zap.String("key_hash", l.key.Hash()))
-		return
-	case err != nil:
-		l.logger.Warn("renewing idempotency lease", zap.String("key_hash", l.key.Hash()), zap.Error(err))
-	}
-	l.timer.Reset(l.length / 3)
+	l.renewed(err)
 }
 
-// stop ends renewal; a renewal already running finishes on its own and
-// cannot touch the record once it is completed or released.
-func (l *lease) stop() {
+// renewed takes the answer of one attempt.
+func (l *lease) renewed(err error) {
 	l.mu.Lock()
-	l.stopped = true
-	l.timer.Stop()
+	l.renewing--
+	if l.holders == 0 || l.lost {
+		l.mu.Unlock()
+		return // done with: the write that settled the record reports
+	}
+	failed, settling := l.failing, l.settling
+	switch {
+	case err == nil:
+		l.failing = 0
+	case errors.Is(err, storage.ErrLeaseLost):
+		l.lost = true
+		l.timer.Stop()
+	default:
+		l.failing++
+	}
+	l.mu.Unlock()
+
+	kh := zap.String("key_hash", l.key.Hash())
+	switch {
+	case err == nil:
+		if failed > 0 {
+			l.logger.Info("renewed idempotency lease after failed attempts", kh, zap.Int("failed", failed))
+		}
+	case errors.Is(err, storage.ErrLeaseLost):
+		// Deleted by an admin, or taken over after a lapse: the record is
+		// someone else's now. (Once settling, the write that settles the
+		// record reports what became of it.)
+		if !settling {
+			l.logger.Warn("idempotency lease lost while the request runs; its response will not be recorded", kh)
+		}
+	case failed == 0:
+		l.logger.Warn("renewing idempotency lease failed; retrying", kh, zap.Duration("every", l.every), zap.Error(err))
+	default:
+		if c := l.logger.Check(zapcore.DebugLevel, "renewing idempotency lease failed again"); c != nil {
+			c.Write(kh, zap.Int("failed", failed+1), zap.Error(err))
+		}
+	}
+}
+
+// settle says that the write ending the lease (Complete or Release) is
+// about to be sent: renewal goes on until it is done, and a renewal that
+// then finds the lease gone is no news.
+func (l *lease) settle() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	l.settling = true
 	l.mu.Unlock()
 }
 
-// Aftercare bounds.
-const (
-	// maxAftercare bounds the store writes one handler keeps retrying;
-	// beyond it a write is given up at once (its lease lapses on its own).
-	maxAftercare = 10_000
-
-	// aftercareMinPause and aftercareMaxPause bound the pause between
-	// rounds while the store keeps failing.
-	aftercareMinPause = 100 * time.Millisecond
-	aftercareMaxPause = 2 * time.Second
-
-	// ghostSettle is how long after the store first answers "nothing to
-	// release" an abandoned reservation is released once more: a write
-	// that was queued behind the stall (a Redis busy in a slow script, a
-	// statement delivered when a partition heals) lands within moments of
-	// the store answering again. It is also how long a finished abandon
-	// is remembered for reclaim.
-	ghostSettle = time.Second
-
-	// choreTimeout bounds one try of a write.
-	choreTimeout = 30 * time.Second
-)
-
-// chore is one store write a request could not finish.
-type chore struct {
-	kind  choreKind
-	key   storage.Key
-	token storage.Token
-	resp  *storage.Response // complete only
-	ttl   time.Duration     // complete only
-	until time.Time         // given up after this
-
-	notBefore time.Time // abandon: the second look
-	answered  bool      // abandon: the store said there was nothing to release
-	finished  time.Time // abandon: when it was done with (guarded by aftercare.mu)
-}
-
-type choreKind uint8
-
-const (
-	choreComplete choreKind = iota + 1 // record the response of a request that ran
-	choreRelease                       // free the key of a request that failed
-	choreAbandon                       // remove a reservation whose outcome is unknown
-)
-
-func (k choreKind) String() string {
-	switch k {
-	case choreComplete:
-		return "complete"
-	case choreRelease:
-		return "release"
+// keep adds a holder, for a chore that takes over the write; it returns
+// l, or nil when renewal has ended already (nothing to keep alive).
+func (l *lease) keep() *lease {
+	if l == nil {
+		return nil
 	}
-	return "abandon"
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.holders == 0 || l.lost {
+		return nil
+	}
+	l.holders++
+	return l
 }
 
-// aftercare finishes, in the background, the store writes that requests
-// could not: a Complete or Release that failed because the store was
-// unreachable or slow (the key would otherwise stay in flight, answering
-// 409, until its lease lapses), and the release of a reservation whose
-// Reserve failed with an unknown outcome (a ghost lease: written by the
-// store, never known to the request, which was told "not processed").
-//
-// One goroutine per handler does the work while there is any, one write at
-// a time, pausing between rounds while the store keeps failing, so that an
-// outage of the store costs it one probe per pause rather than one per
-// failed request. It holds the store open meanwhile (a reload must not
-// close it under a pending write).
-type aftercare struct {
-	store  storage.Store
-	hold   func() (release func(), ok bool)
-	logger *zap.Logger
-
-	mu      sync.Mutex
-	pending []*chore
-	// abandoned holds the abandons still pending, and those finished
-	// within ghostSettle, by key: a retry that meets its key in flight
-	// asks reclaim whether it was one of ours.
-	abandoned map[storage.Key]*chore
-	running   bool
-}
-
-// add queues c and starts the worker if it is idle.
-func (a *aftercare) add(c *chore) {
-	a.mu.Lock()
-	if len(a.pending) >= maxAftercare {
-		a.mu.Unlock()
-		a.logger.Error("too many idempotency store writes pending; giving one up (its key stays in flight until its lease lapses)",
-			zap.String("op", c.kind.String()), zap.String("key_hash", c.key.Hash()))
+// stop drops a holder; renewal ends with the last one. An attempt already
+// running finishes on its own and cannot touch the record once it is
+// completed or released (fencing).
+func (l *lease) stop() {
+	if l == nil {
 		return
 	}
-	a.pending = append(a.pending, c)
-	if c.kind == choreAbandon {
-		if a.abandoned == nil {
-			a.abandoned = make(map[storage.Key]*chore)
-		}
-		a.abandoned[c.key] = c
-	}
-	start := !a.running
-	a.running = true
-	a.mu.Unlock()
-	if !start {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.holders == 0 {
 		return
 	}
-	release, ok := a.hold()
-	if !ok {
-		a.mu.Lock()
-		a.pending, a.abandoned, a.running = nil, nil, false
-		a.mu.Unlock()
-		return
-	}
-	go func() {
-		defer release()
-		a.work()
-	}()
-}
-
-// work runs rounds until nothing is pending.
-func (a *aftercare) work() {
-	pause := aftercareMinPause
-	for {
-		a.mu.Lock()
-		a.forgetFinished(time.Now())
-		batch := a.pending
-		a.pending = nil
-		if len(batch) == 0 {
-			a.running = false
-			a.mu.Unlock()
-			return
-		}
-		a.mu.Unlock()
-
-		keep, failing, next := a.round(batch)
-
-		a.mu.Lock()
-		a.pending = append(keep, a.pending...)
-		a.mu.Unlock()
-		switch {
-		case failing:
-			time.Sleep(pause)
-			pause = min(2*pause, aftercareMaxPause)
-		case len(keep) > 0:
-			pause = aftercareMinPause
-			time.Sleep(max(time.Until(next), time.Millisecond))
-		}
+	l.holders--
+	if l.holders == 0 {
+		l.timer.Stop()
 	}
 }
 
-// round tries each chore once, until the store fails; it returns the
-// chores left, whether the store failed, and when the earliest of them is
-// due.
-func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next time.Time) {
-	later := func(c *chore) {
-		keep = append(keep, c)
-		if next.IsZero() || c.notBefore.Before(next) {
-			next = c.notBefore
-		}
-	}
-	for _, c := range batch {
-		now := time.Now()
-		switch {
-		case a.isFinished(c):
-			continue // reclaimed by a retry meanwhile
-		case now.After(c.until):
-			a.logger.Warn("gave up an idempotency store write; its key stays in flight until its lease lapses",
-				zap.String("op", c.kind.String()), zap.String("key_hash", c.key.Hash()))
-			a.finish(c, now)
-			continue
-		case failing || now.Before(c.notBefore):
-			later(c)
-			continue
-		}
-		err := c.do(a.store)
-		switch {
-		case err == nil:
-			a.logger.Info("finished an idempotency store write after the store recovered",
-				zap.String("op", c.kind.String()), zap.String("key_hash", c.key.Hash()))
-			a.finish(c, now)
-		case errors.Is(err, storage.ErrLeaseLost) && c.kind == choreAbandon && !c.answered:
-			// Nothing to release yet; look once more in a moment.
-			c.answered, c.notBefore = true, now.Add(ghostSettle)
-			later(c)
-		case errors.Is(err, storage.ErrLeaseLost):
-			// Taken over, deleted, or never written: nothing of ours.
-			a.finish(c, now)
-		default:
-			failing = true
-			keep = append(keep, c)
-		}
-	}
-	return keep, failing, next
+// leaseKey carries a request's lease in the context of the write that
+// settles its record.
+type leaseKey struct{}
+
+func withLease(ctx context.Context, l *lease) context.Context {
+	return context.WithValue(ctx, leaseKey{}, l)
 }
 
-// reclaim is for a request that met key in flight. When that may be a
-// reservation this handler abandoned (see Handler.abandon), it releases it
-// at once rather than waiting for the worker, and reports whether the
-// request should look again: the reservation is gone now (released here,
-// by the worker a moment ago, or never written).
-func (a *aftercare) reclaim(key storage.Key) bool {
-	a.mu.Lock()
-	c := a.abandoned[key]
-	var finished bool
-	if c != nil && !c.finished.IsZero() {
-		finished = true
-		if time.Since(c.finished) > ghostSettle {
-			delete(a.abandoned, key)
-			c = nil
-		}
-	}
-	a.mu.Unlock()
-	if c == nil {
-		return false
-	}
-	if finished {
-		return true
-	}
-	if err := c.do(a.store); err != nil && !errors.Is(err, storage.ErrLeaseLost) {
-		return false
-	}
-	a.finish(c, time.Now())
-	return true
-}
-
-// finish marks an abandon as done with; reclaim remembers it for
-// ghostSettle, as a retry may have met the reservation just before the
-// worker released it.
-func (a *aftercare) finish(c *chore, now time.Time) {
-	if c.kind != choreAbandon {
-		return
-	}
-	a.mu.Lock()
-	if c.finished.IsZero() {
-		c.finished = now
-	}
-	a.mu.Unlock()
-}
-
-func (a *aftercare) isFinished(c *chore) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return !c.finished.IsZero()
-}
-
-// forgetFinished drops the abandons finished more than ghostSettle ago;
-// the caller holds a.mu.
-func (a *aftercare) forgetFinished(now time.Time) {
-	for k, c := range a.abandoned {
-		if !c.finished.IsZero() && now.Sub(c.finished) > ghostSettle {
-			delete(a.abandoned, k)
-		}
-	}
-}
-
-// do tries the write once. The built-in stores apply their own timeout;
-// choreTimeout keeps a store without one from stalling the worker.
-func (c *chore) do(store storage.Store) error {
-	ctx, cancel := context.WithTimeout(context.Background(), choreTimeout)
-	defer cancel()
-	if c.kind == choreComplete {
-		return store.Complete(ctx, c.key, c.token, c.resp, c.ttl)
-	}
-	return store.Release(ctx, c.key, c.token)
+// leaseFrom is the lease ctx carries, nil when none.
+func leaseFrom(ctx context.Context) *lease {
+	l, _ := ctx.Value(leaseKey{}).(*lease)
+	return l
 }

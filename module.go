@@ -97,8 +97,11 @@ type Handler struct {
 	TTL caddy.Duration `json:"ttl,omitempty"`
 
 	// The lease of an in-flight request: at least 1s, at most 24h. It is
-	// renewed while the request runs; if the instance running it dies, the
-	// lease lapses and the next retry takes the key over. Default: 30s.
+	// renewed every tenth of this while the request runs and while its
+	// response waits to be recorded, so that a store outage or a stall
+	// shorter than 3/4 of it never lets another instance take the key
+	// over; if the instance running it dies, the lease lapses and the next
+	// retry takes the key over. Default: 30s.
 	LockTimeout caddy.Duration `json:"lock_timeout,omitempty"`
 
 	// The request methods that use keys; other requests pass through

@@ -10,7 +10,7 @@ import (
 )
 
 // lockTimeout is the lease of the crash, stall and long-request tests:
-// short, so that the tests are quick, and still three renewal periods.
+// short, so that the tests are quick, and still ten renewal periods.
 const lockTimeout = time.Second
 
 // twoInstances starts instances a and b on one shared store, with a short
