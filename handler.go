@@ -338,6 +338,11 @@ func (h *Handler) complete(ctx context.Context, key storage.Key, token storage.T
 	case errors.Is(err, storage.ErrLeaseLost):
 		h.logger.Warn("idempotency lease was lost before the response could be recorded; a retry may run again",
 			zap.String("key_hash", key.Hash()))
+	case errors.Is(err, storage.ErrInvalid):
+		// Retrying a write the store refuses for what it is would only
+		// keep the key in flight for longer: its lease lapses.
+		h.logger.Error("the idempotency store refused the response; its key stays in flight until its lease lapses, and a retry after that runs again",
+			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
 	default:
 		h.logger.Error("recording idempotent response failed; retrying in the background",
 			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
