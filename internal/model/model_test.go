@@ -25,8 +25,8 @@ import (
 // trial that still fails; -model.seed replays one seed.
 var (
 	flagSeed   = flag.Uint64("model.seed", 0, "run only this seed")
-	flagTrials = flag.Int("model.trials", 6, "trials per store and server setting")
-	flagSteps  = flag.Int("model.steps", 20, "steps per trial")
+	flagTrials = flag.Int("model.trials", 3, "trials per store and server setting")
+	flagSteps  = flag.Int("model.steps", 15, "steps per trial")
 	flagLong   = flag.Bool("model.long", false, "add the slow scenarios (a client that stops reading)")
 	flagStore  = flag.String("model.store", "", "run only this store (memory, redis, postgres)")
 	flagBase   = flag.Uint64("model.base", 0, "first seed (default: random, printed)")
@@ -100,6 +100,60 @@ func TestModel(t *testing.T) {
 		base = uint64(os.Getpid())<<20 ^ uint64(caddyRandom())
 	}
 	t.Logf("model seeds from %d (replay one with -model.seed N)", base)
+	forEachSetting(t, func(t *testing.T, st setting, env *Env) {
+		seeds := []uint64{*flagSeed}
+		if *flagSeed == 0 {
+			seeds = seeds[:0]
+			for i := range *flagTrials {
+				seeds = append(seeds, base+uint64(i))
+			}
+		}
+		for _, seed := range seeds {
+			run(t, env, st, seed, *flagSteps)
+		}
+	})
+}
+
+// regressions are the seeds that found bugs on the code before they were
+// fixed (main 168c050), kept so that each stays fixed: what the seed's
+// trial does is fixed by the seed, the store and the number of steps.
+var regressions = []struct {
+	store, setting string
+	seed           uint64
+	steps          int
+	found          string
+}{
+	{"memory", "", 7000, 20, "a 429 was kept and replayed (release_on)"},
+	{"memory", "", 7001, 20, "trailers lost on replay; the upstream's Server header replaced by Caddy's on replay"},
+	{"redis", "", 7002, 20, "observe around enforce ran keys several times; a body handed on closed (502)"},
+	{"memory", "", 7004, 20, "an upstream's 042 was recorded; the memory store then panicked on every retry"},
+	{"redis", "", 7004, 20, "an upstream's 042 was recorded; Redis then answered 503 on every retry"},
+	{"memory", "", 7005, 20, "differs named members that were equal"},
+	{"memory", "", 7007, 20, "ttl 106751d loaded"},
+	{"memory", "", 7011, 20, "a header an inner handler deleted came back on replay"},
+	{"redis", "", 9011, 20, "lock_timeout near the int64 maximum loaded, and two requests with one key ran"},
+	{"memory", "", 9006, 20, "a gzip body the upstream sent despite identity was replayed to clients that never asked for it"},
+	{"memory", "", 9008, 20, "key_json finding no key handed the upstream a closed body"},
+	{"memory", "", 9034, 20, "observe around enforce ran a key for another body (no 422)"},
+	{"postgres", "serializable", 7000, 20, "serialization failures answered 503 under a serializable default"},
+	{"postgres", "repeatable read", 7011, 20, "serialization failures ran keys several times under fail_open"},
+}
+
+// TestModelRegressions runs the regression seeds.
+func TestModelRegressions(t *testing.T) {
+	forEachSetting(t, func(t *testing.T, st setting, env *Env) {
+		for _, r := range regressions {
+			if r.store == st.store && r.setting == st.name {
+				t.Logf("seed %d: %s", r.seed, r.found)
+				run(t, env, st, r.seed, r.steps)
+			}
+		}
+	})
+}
+
+// forEachSetting runs test once per store and server setting (those the
+// -model.store flag allows), each with an environment of its own.
+func forEachSetting(t *testing.T, test func(t *testing.T, st setting, env *Env)) {
 	for _, st := range settings() {
 		if *flagStore != "" && st.store != *flagStore {
 			continue
@@ -107,21 +161,18 @@ func TestModel(t *testing.T) {
 		t.Run(strings.TrimSpace(st.store+" "+st.name), func(t *testing.T) {
 			env := newEnv(t)
 			st.open(t)(env)
-			seeds := []uint64{*flagSeed}
-			if *flagSeed == 0 {
-				seeds = seeds[:0]
-				for i := range *flagTrials {
-					seeds = append(seeds, base+uint64(i))
-				}
-			}
-			for _, seed := range seeds {
-				tr := Generate(seed, Store{Kind: st.store}, *flagSteps, *flagLong)
-				tr.Setting = st.name
-				if an := env.Run(tr); len(an) > 0 {
-					reportFailure(t, env, tr, an)
-				}
-			}
+			test(t, st, env)
 		})
+	}
+}
+
+// run generates and runs one trial, and fails the test with what went
+// wrong.
+func run(t *testing.T, env *Env, st setting, seed uint64, steps int) {
+	tr := Generate(seed, Store{Kind: st.store}, steps, *flagLong)
+	tr.Setting = st.name
+	if an := env.Run(tr); len(an) > 0 {
+		reportFailure(t, env, tr, an)
 	}
 }
 
