@@ -13,7 +13,8 @@
 #   make soak    the chaos soak (not part of make test; a few minutes): Caddy
 #                instances, a persistent Redis and a PostgreSQL of its own, retrying
 #                clients and a seeded nemesis; ends with "N anomalies" and fails on
-#                any. SOAK_FLAGS="-seed 42" replays a run (go run ./soak -h)
+#                any. SOAK_FLAGS="-seed 42" replays a run (go run ./soak -h). Then a
+#                long run of the randomized test (internal/model), MODEL_FLAGS.
 #   make fuzz    longer fuzzing runs of every fuzz target (FUZZTIME each, default 1m)
 #                A duration budget can end in a spurious "context deadline exceeded"
 #                on Go 1.26 (golang/go#75804); make test therefore uses fuzz-short,
@@ -111,5 +112,8 @@ SOAK_FLAGS ?=
 
 # The soak starts its own servers (a persistent Redis it restarts), and
 # runs the xcaddy-built binary.
-soak: build
+MODEL_FLAGS ?= -model.trials 12 -model.steps 30 -model.long
+
+soak: build testservers
 	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak $(SOAK_FLAGS)
+	$(WITH_SERVERS) $(GO) test -count=1 -timeout 60m ./internal/model/ -run '^TestModel$$' $(MODEL_FLAGS)
