@@ -179,11 +179,22 @@ func (env *Env) runStep(addr string, cfg *Config, st Step) []*outcome {
 	case "wait", "stall":
 		// The first attempt goes first; the others once it has reached
 		// the upstream (or visibly never will).
+		first := make(chan struct{})
 		wg.Add(1)
-		go send(0)
-		deadline := time.Now().Add(5 * time.Second)
-		for env.Up.Execution(st.Attempts[0].ID) == nil && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
+		go func() {
+			defer close(first)
+			send(0)
+		}()
+		deadline := time.After(5 * time.Second)
+	waitFirst:
+		for env.Up.Execution(st.Attempts[0].ID) == nil {
+			select {
+			case <-first: // answered without reaching the upstream
+				break waitFirst
+			case <-deadline:
+				break waitFirst
+			case <-time.After(5 * time.Millisecond):
+			}
 		}
 		if st.Kind == "stall" {
 			outs = append(outs, env.probeStalled(addr, st.Attempts[0])...)
