@@ -183,7 +183,14 @@ func reportFailure(t *testing.T, env *Env, tr *Trial, an []Anomaly) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d (%s %s): %d anomalies; replay with -model.store %s -model.seed %d -model.steps %d\n",
 		tr.Seed, tr.Store, tr.Setting, len(an), tr.Store, tr.Seed, len(tr.Steps))
-	for _, a := range summarize(an) {
+	lines := summarize(an)
+	if testing.Verbose() {
+		lines = lines[:0]
+		for _, a := range an {
+			lines = append(lines, a.String())
+		}
+	}
+	for _, a := range lines {
 		fmt.Fprintf(&b, "  %s\n", a)
 	}
 	// The smallest trial that still fails, for each kind of anomaly.

@@ -9,7 +9,7 @@ import (
 
 // Step is one moment of a trial: one attempt, or several at once.
 type Step struct {
-	Kind string // single, burst, wait, hangup, stall
+	Kind string // single, burst, sequence, wait, hangup, stall
 	// Attempts of the step. For wait, the first is the slow owner, sent
 	// first; the others are sent once it reached the upstream.
 	Attempts []*Attempt
@@ -141,6 +141,19 @@ func (g *gen) step() Step {
 			as = append(as, w)
 		}
 		return Step{Kind: "wait", Attempts: as}
+	case x < 76:
+		// Retries one after another: the replays of one record, which
+		// must all be the same whatever outer handlers do to them.
+		in := g.newIntent()
+		do := g.behaviour()
+		do.Location = true
+		var as []*Attempt
+		for range 3 + r.IntN(3) {
+			a := g.attempt(in, ReadAll)
+			a.Do = do
+			as = append(as, a)
+		}
+		return Step{Kind: "sequence", Attempts: as}
 	case x < 80:
 		in := g.pickIntent()
 		a := g.attempt(in, HangUp)

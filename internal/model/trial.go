@@ -204,6 +204,12 @@ func (env *Env) runStep(addr string, cfg *Config, st Step) []*outcome {
 			wg.Add(1)
 			go send(i)
 		}
+	case "sequence":
+		for i := range st.Attempts {
+			wg.Add(1)
+			send(i)
+			waitDone(st.Attempts[i].ID, time.Minute)
+		}
 	default:
 		for i := range st.Attempts {
 			wg.Add(1)
