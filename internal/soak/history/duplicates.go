@@ -1,6 +1,9 @@
 package history
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // checkDuplicates is invariant 1: every execution of a record after the
 // first is excused by a documented exception, or an anomaly.
@@ -56,19 +59,37 @@ func (ix *index) excuse(in *Intent, prev, x *Execution) (Exception, string) {
 		}
 		return Released, fmt.Sprintf("#%d answered %d, which frees the key", prev.N, prev.Status)
 	}
+	from := ix.heldFrom(in, prev)
 	for i := range h.Faults {
 		f := &h.Faults[i]
-		if f.Kind == Kill && f.Instance == prev.Instance && f.End >= prev.Start && f.Start <= x.Start {
+		if f.Kind == Kill && f.Instance == prev.Instance && f.End >= from && f.Start <= x.Start {
 			return Killed, fmt.Sprintf("%s killed while #%d held the key: %s", prev.Instance, prev.N, f.Describe())
 		}
 	}
 	for _, o := range h.outages(prev.Instance, in.Store) {
-		if o.length() >= h.tolerated() && o.end >= prev.Start && o.start <= x.Start {
+		if o.length() >= h.tolerated() && o.end >= from && o.start <= x.Start {
 			return LongOutage, fmt.Sprintf("%s lost %s while #%d held the key: %s (tolerance %s)",
 				prev.Instance, in.Store, prev.N, h.describeOutage(o), secs(h.tolerated()))
 		}
 	}
 	return "", ""
+}
+
+// heldFrom is the earliest moment prev's request may have taken the key:
+// the start of the attempt that got prev's first-hand answer, or of the
+// earliest attempt on prev's instance that was under way when prev began
+// (the key is taken before the upstream runs, and an instance stalled in
+// between holds it all along); prev.Start when no attempt tells.
+func (ix *index) heldFrom(in *Intent, prev *Execution) time.Duration {
+	from := prev.Start
+	for _, a := range ix.attempts[in.ID] {
+		firstHand := a.Execution == prev.N && !a.Replayed
+		underWay := a.Instance == prev.Instance && a.Start <= prev.Start && (a.End == 0 || a.End >= prev.Start)
+		if (firstHand || underWay) && a.Start < from {
+			from = a.Start
+		}
+	}
+	return from
 }
 
 // failOpenPass returns the fault during which x ran unprotected under
@@ -93,8 +114,9 @@ func (ix *index) duplicateSummary(in *Intent, prev, x *Execution) string {
 	s := fmt.Sprintf("#%d on %s [%s-%s] ran while #%d on %s [%s-%s] held the key (answered %d)",
 		x.N, x.Instance, secs(x.Start), secs(x.End), prev.N, prev.Instance, secs(prev.Start), secs(prev.End), prev.Status)
 	var near []string
+	from := ix.heldFrom(in, prev)
 	for _, o := range h.outages(prev.Instance, in.Store) {
-		if o.end >= prev.Start && o.start <= x.Start {
+		if o.end >= from && o.start <= x.Start {
 			near = append(near, h.describeOutage(o))
 		}
 	}

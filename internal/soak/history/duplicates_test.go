@@ -191,3 +191,25 @@ func TestACompletedRecordNeverRunsAgainWhateverTheFault(t *testing.T) {
 		t.Errorf("summary %q does not say the record was complete", r.Anomalies[0].Summary)
 	}
 }
+
+// A request that took its key just before its instance froze for longer
+// than the tolerance runs its upstream after the freeze, while a retry
+// already took the key over: the stall, which ends before either
+// execution starts, excuses the second.
+func TestAStallBetweenTheReservationAndTheUpstreamExcusesTheNextExecution(t *testing.T) {
+	h := newHistory()
+	h.got("a", 10.0, 1, 201, false).End = sec(13.1) // took the key at 10.0, answered after the stall
+	h.fault(Pause, "a", "", 10.05, 13.06)            // 3.01s > lock_timeout
+	h.exec(1, "a", 13.07, 13.1, 201)
+	h.exec(2, "a", 13.08, 19.0, 201)
+	h.got("a", 10.3, 2, 201, false).End = sec(19.0)
+	expect(t, h.sweep(2), "", LongOutage)
+
+	// The same two executions with no fault: a duplicate.
+	h = newHistory()
+	h.got("a", 10.0, 1, 201, false).End = sec(13.1)
+	h.exec(1, "a", 13.07, 13.1, 201)
+	h.exec(2, "a", 13.08, 19.0, 201)
+	h.got("a", 10.3, 2, 201, false).End = sec(19.0)
+	expect(t, h.sweep(2), "duplicate-execution")
+}
