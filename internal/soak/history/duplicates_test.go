@@ -199,7 +199,7 @@ func TestACompletedRecordNeverRunsAgainWhateverTheFault(t *testing.T) {
 func TestAStallBetweenTheReservationAndTheUpstreamExcusesTheNextExecution(t *testing.T) {
 	h := newHistory()
 	h.got("a", 10.0, 1, 201, false).End = sec(13.1) // took the key at 10.0, answered after the stall
-	h.fault(Pause, "a", "", 10.05, 13.06)            // 3.01s > lock_timeout
+	h.fault(Pause, "a", "", 10.05, 13.06)           // 3.01s > lock_timeout
 	h.exec(1, "a", 13.07, 13.1, 201)
 	h.exec(2, "a", 13.08, 19.0, 201)
 	h.got("a", 10.3, 2, 201, false).End = sec(19.0)
