@@ -7,13 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -58,9 +58,8 @@ func (adminAPI) handleStores(w http.ResponseWriter, r *http.Request) error {
 		return apiError(http.StatusMethodNotAllowed, "use GET")
 	}
 	list := []storeInfo{}
-	for _, s := range liveStores("") {
-		refs, _ := stores.References(s.id)
-		list = append(list, storeInfo{ID: s.id, Backend: s.backend, Handlers: refs})
+	for s := range backend.Live("") {
+		list = append(list, storeInfo{ID: s.ID, Backend: s.Backend, Handlers: s.Handlers})
 	}
 	return writeJSON(w, list)
 }
@@ -282,17 +281,13 @@ func (t liveStore) byHash(r *http.Request, kh string, withBody, del bool) ([]fou
 	return out, nil
 }
 
-// liveStores returns the live store with that id, or all of them, by id.
+// liveStores returns the live store with that id, or all of them, by id:
+// every backend's that keeps its store in the pool (backend.Pooled).
 func liveStores(id string) []liveStore {
 	var out []liveStore
-	stores.Range(func(k, v any) bool {
-		if id == "" || k.(string) == id {
-			p := v.(*pooledStore)
-			out = append(out, liveStore{id: k.(string), backend: p.backend, store: p.Store, timed: newTimedStore(p.Store, p.backend)})
-		}
-		return true
-	})
-	slices.SortFunc(out, func(a, b liveStore) int { return strings.Compare(a.id, b.id) })
+	for s := range backend.Live(id) {
+		out = append(out, liveStore{id: s.ID, backend: s.Backend, store: s.Store, timed: newTimedStore(s.Store, s.Backend)})
+	}
 	return out
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -58,13 +59,11 @@ func keysPath(key string, scope []string, extra string) string {
 func storeID(t *testing.T, h *Handler) string {
 	t.Helper()
 	var id string
-	stores.Range(func(k, v any) bool {
-		if v.(*pooledStore).Store == h.store {
-			id = k.(string)
-			return false
+	for s := range backend.Live("") {
+		if s.Store == h.store {
+			id = s.ID
 		}
-		return true
-	})
+	}
 	if id == "" {
 		t.Fatal("handler's store is not in the pool")
 	}
@@ -75,7 +74,7 @@ func storeID(t *testing.T, h *Handler) string {
 // with and without its body and by scope or scope hash, deletes it, and
 // finds the key free again.
 func TestAdminShowsAndDeletesRecords(t *testing.T) {
-	backends(t).run(func(t *testing.T, b *backend) {
+	backends(t).run(func(t *testing.T, b *testStore) {
 		h := b.handler(t, &Handler{})
 		up := &upstream{}
 		r := request("admin-key", `{"a":1}`)

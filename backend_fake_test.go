@@ -3,54 +3,21 @@ package idempotency
 import (
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	"github.com/caddy-idempotency/caddy-idempotency/storage"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	_ "github.com/caddy-idempotency/caddy-idempotency/internal/testbackend"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/storagetest"
 )
 
-// fakeStorage is a storage backend added the way CONTRIBUTING.md says a
-// new one is: this short module, over a store that passes storagetest.Run
-// (here the memory store stands in for the new package).
-type fakeStorage struct {
-	// Capacity is an option of the new backend's own.
-	Capacity int `json:"capacity,omitempty"`
-
-	pooledBackend
-}
-
-func init() { caddy.RegisterModule(fakeStorage{}) }
-
-func (fakeStorage) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.idempotency.storage.testfake",
-		New: func() caddy.Module { return new(fakeStorage) },
-	}
-}
-
-func (f *fakeStorage) Provision(ctx caddy.Context) error {
-	return f.acquire(ctx.Logger(), "testfake", f, "this process", func() (storage.Store, error) {
-		return memory.New(memory.Options{MaxKeys: f.Capacity}), nil
-	})
-}
-
-func (f *fakeStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next()
-	if err := noArgs(d); err != nil {
-		return err
-	}
-	return eachOption(d, "testfake storage ", nil, func(opt string) error {
-		if opt != "capacity" {
-			return d.Errf("unrecognized testfake storage option '%s'", opt)
-		}
-		return intArg(d, &f.Capacity)
-	}, nil)
-}
-
+// TestANewBackendIsOneShortModule loads internal/testbackend, a backend
+// written as a third party writes one (its own package, the public kit in
+// package backend only), from the Caddyfile and from JSON: it is pooled
+// across handlers, requests hold its store, the handler replays through
+// it, and the admin API finds its records.
 func TestANewBackendIsOneShortModule(t *testing.T) {
 	h := new(Handler)
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n\tstorage testfake {\n\t\tcapacity 100000\n\t}\n}")); err != nil {
@@ -63,7 +30,7 @@ func TestANewBackendIsOneShortModule(t *testing.T) {
 	if h.backendName != "testfake" {
 		t.Fatalf("backend %q", h.backendName)
 	}
-	if _, ok := h.backend.(StoreHolder); !ok {
+	if _, ok := h.backend.(backend.Holder); !ok {
 		t.Fatal("the pooled backend does not let requests hold its store")
 	}
 	up := &upstream{}
@@ -71,13 +38,19 @@ func TestANewBackendIsOneShortModule(t *testing.T) {
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || up.calls.Load() != 1 {
 		t.Fatalf("replay through the new backend: %d, upstream ran %d times", w.Code, up.calls.Load())
 	}
+
+	// The admin API lists the store and finds the record in it.
+	id := storeID(t, h)
+	code, body := adminCall(t, http.MethodGet, keysPath("k", []string{"example.com", ""}, "&store="+url.QueryEscape(id)))
+	if code != http.StatusOK || len(body["records"].([]any)) != 1 || body["records"].([]any)[0].(map[string]any)["state"] != "completed" {
+		t.Fatalf("admin GET of the new backend's record: %d %v", code, body)
+	}
+
 	storagetest.Run(t, h.store)
 
-	// The same JSON config loads it too.
+	// The same JSON config loads it too, and shares the store.
 	j := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"testfake","capacity":100000}`)})
 	if j.store != h.store {
 		t.Error("two handlers with one testfake configuration have two stores")
 	}
 }
-
-var _ StorageBackend = (*fakeStorage)(nil)

@@ -16,7 +16,7 @@ import (
 // The backend matrix: a handler scenario runs once per store, as subtests
 // named memory, redis and postgres, with the same assertions on each.
 //
-//	backends(t).run(func(t *testing.T, b *backend) {
+//	backends(t).run(func(t *testing.T, b *testStore) {
 //		h := b.handler(t, &Handler{})
 //		...
 //	})
@@ -25,10 +25,10 @@ import (
 // internal/pgtest; a subtest whose server does not answer is skipped, or
 // failed under CI=true.
 
-// backend is one store opened for one subtest: a namespace of its own (a
+// testStore is one store opened for one subtest: a namespace of its own (a
 // memory store, a Redis key prefix, a PostgreSQL table) to provision
 // handlers on.
-type backend struct {
+type testStore struct {
 	name   string
 	shared bool
 	// storage returns the storage config of the namespace; pool > 0 gives
@@ -44,7 +44,7 @@ type backend struct {
 type kind struct {
 	name   string
 	shared bool // several Caddy instances can share it (not memory)
-	open   func(t *testing.T) *backend
+	open   func(t *testing.T) *testStore
 	// unreachable is a storage config pointing where nothing listens
 	// (shared backends only); it needs no server.
 	unreachable json.RawMessage
@@ -85,7 +85,7 @@ func sharedBackends(t *testing.T) matrix {
 
 // run runs scenario once per backend, each a subtest on a namespace of
 // its own.
-func (m matrix) run(scenario func(t *testing.T, b *backend)) {
+func (m matrix) run(scenario func(t *testing.T, b *testStore)) {
 	m.t.Helper()
 	for _, k := range m.kinds {
 		m.t.Run(k.name, func(t *testing.T) {
@@ -106,14 +106,14 @@ func (m matrix) runUnreachable(scenario func(t *testing.T, storage json.RawMessa
 }
 
 // handler provisions h on the namespace.
-func (b *backend) handler(t *testing.T, h *Handler) *Handler {
+func (b *testStore) handler(t *testing.T, h *Handler) *Handler {
 	t.Helper()
 	return b.handlerWith(t, h, "")
 }
 
 // handlerWith is handler with extra members of the storage object
 // (`"replay_cache":{"max_entries":100}`).
-func (b *backend) handlerWith(t *testing.T, h *Handler, extra string) *Handler {
+func (b *testStore) handlerWith(t *testing.T, h *Handler, extra string) *Handler {
 	t.Helper()
 	h.StorageRaw = b.config(t, 0, extra)
 	return provision(t, h)
@@ -121,7 +121,7 @@ func (b *backend) handlerWith(t *testing.T, h *Handler, extra string) *Handler {
 
 // instance provisions h on the namespace as Caddy instance n (1, 2, ...)
 // would be: same records, a client or pool of its own.
-func (b *backend) instance(t *testing.T, h *Handler, n int) *Handler {
+func (b *testStore) instance(t *testing.T, h *Handler, n int) *Handler {
 	t.Helper()
 	if !b.shared || n < 1 {
 		t.Fatalf("instance %d of %s: only shared backends have instances, counted from 1", n, b.name)
@@ -131,7 +131,7 @@ func (b *backend) instance(t *testing.T, h *Handler, n int) *Handler {
 }
 
 // config is the storage JSON of the namespace for pool, with extra.
-func (b *backend) config(t *testing.T, pool int, extra string) json.RawMessage {
+func (b *testStore) config(t *testing.T, pool int, extra string) json.RawMessage {
 	t.Helper()
 	cfg := b.storage(pool)
 	if extra != "" {
@@ -149,9 +149,9 @@ func (b *backend) config(t *testing.T, pool int, extra string) json.RawMessage {
 }
 
 // openMemory is a memory store of the test's own (see isolated).
-func openMemory(*testing.T) *backend {
+func openMemory(*testing.T) *testStore {
 	maxKeys := 900_000_000 + nextMaxKeys.Add(1)
-	return &backend{
+	return &testStore{
 		storage: func(int) map[string]any {
 			return map[string]any{"backend": "memory", "max_keys": maxKeys}
 		},
@@ -161,12 +161,12 @@ func openMemory(*testing.T) *backend {
 // openRedis is a fresh key prefix on the shared Redis; its keys are
 // deleted when the test ends. Instances get a client of their own through
 // another pool_size.
-func openRedis(t *testing.T) *backend {
+func openRedis(t *testing.T) *testStore {
 	t.Helper()
 	addr := redistest.Addr()
 	redistest.Require(t, addr)
 	prefix := redisPrefix()
-	b := &backend{
+	b := &testStore{
 		storage: func(pool int) map[string]any {
 			cfg := map[string]any{"backend": "redis", "url": "redis://" + addr + "/0", "key_prefix": prefix}
 			if pool > 0 {
@@ -185,11 +185,11 @@ func openRedis(t *testing.T) *backend {
 // big machine, test packages running in parallel would otherwise exhaust
 // the server's connections. Instances get a pool of their own through
 // another max_conns.
-func openPostgres(t *testing.T) *backend {
+func openPostgres(t *testing.T) *testStore {
 	t.Helper()
 	dsn := pgtest.Require(t)
 	table := pgtest.Table(t, dsn)
-	return &backend{
+	return &testStore{
 		storage: func(pool int) map[string]any {
 			cfg := map[string]any{"backend": "postgres", "dsn": dsn, "table": table, "max_conns": 8}
 			if pool > 0 {

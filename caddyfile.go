@@ -9,6 +9,9 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
 )
 
 func init() {
@@ -57,10 +60,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the directive name
-	if err := noArgs(d); err != nil {
+	if err := cfargs.NoArgs(d); err != nil {
 		return err
 	}
-	return eachOption(d, "", nil, func(opt string) error { return h.parseOption(d, opt) }, h.check)
+	return cfargs.EachOption(d, "", nil, func(opt string) error { return h.parseOption(d, opt) }, h.check)
 }
 
 // parseOption parses one option of the directive's block.
@@ -71,11 +74,11 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, opt string) error {
 		h.StorageRaw = raw
 		return err
 	case "ttl":
-		return durationArg(d, &h.TTL)
+		return cfargs.DurationArg(d, &h.TTL)
 	case "lock_timeout":
-		return durationArg(d, &h.LockTimeout)
+		return cfargs.DurationArg(d, &h.LockTimeout)
 	case "methods":
-		if err := argsList(d, &h.Methods); err != nil {
+		if err := cfargs.ArgsList(d, &h.Methods); err != nil {
 			return err
 		}
 		for i, m := range h.Methods {
@@ -83,13 +86,13 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, opt string) error {
 		}
 		return nil
 	case "header":
-		return stringArg(d, &h.Header)
+		return cfargs.StringArg(d, &h.Header)
 	case "required":
 		h.Required = true
-		return noArgs(d)
+		return cfargs.NoArgs(d)
 	case "scope":
 		var args []string
-		if err := argsList(d, &args); err != nil {
+		if err := cfargs.ArgsList(d, &args); err != nil {
 			return err
 		}
 		if h.Scope = strings.Join(args, " "); h.Scope == "" {
@@ -97,34 +100,34 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, opt string) error {
 		}
 		return nil
 	case "max_key_length":
-		return intArg(d, &h.MaxKeyLength)
+		return cfargs.IntArg(d, &h.MaxKeyLength)
 	case "max_body_size":
-		return sizeArg(d, &h.MaxBodySize)
+		return cfargs.SizeArg(d, &h.MaxBodySize)
 	case "max_response_size":
-		return sizeArg(d, &h.MaxResponseSize)
+		return cfargs.SizeArg(d, &h.MaxResponseSize)
 	case "fingerprint":
 		return h.parseFingerprint(d)
 	case "release_on":
-		return argsList(d, &h.ReleaseOn)
+		return cfargs.ArgsList(d, &h.ReleaseOn)
 	case "in_flight":
 		return h.parseInFlight(d)
 	case "wait_timeout":
 		if h.WaitTimeout != 0 {
 			return d.Err("wait_timeout is already given by in_flight wait <timeout>")
 		}
-		return durationArg(d, &h.WaitTimeout)
+		return cfargs.DurationArg(d, &h.WaitTimeout)
 	case "mode":
-		return oneOfArg(d, &h.Mode, modeEnforce, modeObserve)
+		return cfargs.OneOfArg(d, &h.Mode, modeEnforce, modeObserve)
 	case "errors":
-		return oneOfArg(d, &h.Errors, errorsProblem, errorsHandleErrors)
+		return cfargs.OneOfArg(d, &h.Errors, errorsProblem, errorsHandleErrors)
 	case "key_json":
-		return stringArg(d, &h.KeyJSON)
+		return cfargs.StringArg(d, &h.KeyJSON)
 	case "on_storage_error":
-		return oneOfArg(d, &h.OnStorageError, failClosed, failOpen)
+		return cfargs.OneOfArg(d, &h.OnStorageError, failClosed, failOpen)
 	case "replay_header":
-		return stringArg(d, &h.ReplayHeader)
+		return cfargs.StringArg(d, &h.ReplayHeader)
 	case "docs_url":
-		return stringArg(d, &h.DocsURL)
+		return cfargs.StringArg(d, &h.DocsURL)
 	}
 	return d.Errf("unrecognized idempotency option '%s'", opt)
 }
@@ -136,14 +139,14 @@ func parseStorage(d *caddyfile.Dispenser) (json.RawMessage, error) {
 		return nil, d.ArgErr()
 	}
 	name := d.Val()
-	if _, err := caddy.GetModule(storageNamespace + "." + name); err != nil {
+	if _, err := caddy.GetModule(backend.Namespace + "." + name); err != nil {
 		var known []string
-		for _, m := range caddy.GetModules(storageNamespace) {
+		for _, m := range caddy.GetModules(backend.Namespace) {
 			known = append(known, m.ID.Name())
 		}
 		return nil, d.Errf("unknown storage backend '%s' (available: %s)", name, strings.Join(known, ", "))
 	}
-	unm, err := caddyfile.UnmarshalModule(d, storageNamespace+"."+name)
+	unm, err := caddyfile.UnmarshalModule(d, backend.Namespace+"."+name)
 	if err != nil {
 		return nil, err
 	}
@@ -151,25 +154,25 @@ func parseStorage(d *caddyfile.Dispenser) (json.RawMessage, error) {
 }
 
 func (h *Handler) parseFingerprint(d *caddyfile.Dispenser) error {
-	if err := noArgs(d); err != nil {
+	if err := cfargs.NoArgs(d); err != nil {
 		return err
 	}
 	h.Fingerprint = new(FingerprintConfig)
-	return eachOption(d, "fingerprint ", nil, func(opt string) error {
+	return cfargs.EachOption(d, "fingerprint ", nil, func(opt string) error {
 		switch opt {
 		case "headers":
-			return argsList(d, &h.Fingerprint.Headers)
+			return cfargs.ArgsList(d, &h.Fingerprint.Headers)
 		case "canonical_json":
-			return boolArg(d, &h.Fingerprint.CanonicalJSON)
+			return cfargs.BoolArg(d, &h.Fingerprint.CanonicalJSON)
 		case "ignore":
-			return argsList(d, &h.Fingerprint.Ignore)
+			return cfargs.ArgsList(d, &h.Fingerprint.Ignore)
 		}
 		return d.Errf("unrecognized fingerprint option '%s'", opt)
 	}, nil)
 }
 
 func (h *Handler) parseInFlight(d *caddyfile.Dispenser) error {
-	if err := oneOfArgs(d, &h.InFlight, inFlightReject, inFlightWait); err != nil {
+	if err := cfargs.OneOfArgs(d, &h.InFlight, inFlightReject, inFlightWait); err != nil {
 		return err
 	}
 	if h.InFlight == inFlightWait && d.NextArg() {
@@ -188,7 +191,7 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser) error {
 		}
 		h.WaitTimeout = caddy.Duration(dur)
 	}
-	return noArgs(d)
+	return cfargs.NoArgs(d)
 }
 
 // Interface guards

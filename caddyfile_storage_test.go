@@ -9,7 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	idempotency "github.com/caddy-idempotency/caddy-idempotency"
+	redisbackend "github.com/caddy-idempotency/caddy-idempotency/backend/redis"
 )
 
 // The storage blocks of the directive: redis, postgres, and the replay
@@ -17,7 +17,7 @@ import (
 
 // parseRedis parses a Caddyfile idempotency block and returns its redis
 // storage module as the JSON config would decode it.
-func parseRedis(t *testing.T, body ...string) (*idempotency.RedisStorage, error) {
+func parseRedis(t *testing.T, body ...string) (*redisbackend.Storage, error) {
 	t.Helper()
 	h, err := parse(block(body...))
 	if err != nil {
@@ -30,7 +30,7 @@ func parseRedis(t *testing.T, body ...string) (*idempotency.RedisStorage, error)
 	if string(obj["backend"]) != `"redis"` {
 		t.Fatalf("storage JSON %s: backend is not redis", h.StorageRaw)
 	}
-	r := new(idempotency.RedisStorage)
+	r := new(redisbackend.Storage)
 	if err := caddy.StrictUnmarshalJSON(stripBackend(t, h.StorageRaw), r); err != nil {
 		t.Fatalf("decoding %s: %v", h.StorageRaw, err)
 	}
@@ -52,13 +52,13 @@ func TestRedisCaddyfileOptions(t *testing.T) {
 	tests := []struct {
 		name string
 		body []string
-		want idempotency.RedisStorage
+		want redisbackend.Storage
 	}{
-		{"bare", []string{"storage redis"}, idempotency.RedisStorage{}},
-		{"empty block", []string{"storage redis {", "}"}, idempotency.RedisStorage{}},
-		{"url shorthand", []string{"storage redis rediss://cache.internal:6380/2"}, idempotency.RedisStorage{URL: "rediss://cache.internal:6380/2"}},
+		{"bare", []string{"storage redis"}, redisbackend.Storage{}},
+		{"empty block", []string{"storage redis {", "}"}, redisbackend.Storage{}},
+		{"url shorthand", []string{"storage redis rediss://cache.internal:6380/2"}, redisbackend.Storage{URL: "rediss://cache.internal:6380/2"}},
 		{"url shorthand with block", []string{"storage redis redis://r:6379 {", "\tkey_prefix app:", "}"},
-			idempotency.RedisStorage{URL: "redis://r:6379", KeyPrefix: "app:"}},
+			redisbackend.Storage{URL: "redis://r:6379", KeyPrefix: "app:"}},
 		{"every single-node option", []string{
 			"storage redis {",
 			"\turl redis://r:6379/1",
@@ -69,27 +69,27 @@ func TestRedisCaddyfileOptions(t *testing.T) {
 			"\tdial_timeout 500ms",
 			"\ttimeout 3s",
 			"}",
-		}, idempotency.RedisStorage{
+		}, redisbackend.Storage{
 			URL: "redis://r:6379/1", Username: "app", Password: "{env.REDIS_PASSWORD}", KeyPrefix: "idem:",
 			PoolSize: 20, DialTimeout: caddy.Duration(500 * time.Millisecond), Timeout: caddy.Duration(3 * time.Second),
 		}},
 		{"cluster", []string{"storage redis {", "\taddresses rediss://n1:7000 rediss://n2:7000 rediss://n3:7000", "}"},
-			idempotency.RedisStorage{Addresses: []string{"rediss://n1:7000", "rediss://n2:7000", "rediss://n3:7000"}}},
+			redisbackend.Storage{Addresses: []string{"rediss://n1:7000", "rediss://n2:7000", "rediss://n3:7000"}}},
 		{"sentinel", []string{"storage redis {", "\taddresses s1:26379 s2:26379", "\tmaster_name mymaster", "}"},
-			idempotency.RedisStorage{Addresses: []string{"s1:26379", "s2:26379"}, MasterName: "mymaster"}},
+			redisbackend.Storage{Addresses: []string{"s1:26379", "s2:26379"}, MasterName: "mymaster"}},
 		{"sentinel with its own credentials", []string{"storage redis {", "\taddresses s1:26379", "\tmaster_name mymaster",
 			"\tsentinel_username watcher", "\tsentinel_password {env.SENTINEL_PASSWORD}", "\tpassword {env.REDIS_PASSWORD}", "}"},
-			idempotency.RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "mymaster", SentinelUsername: "watcher",
+			redisbackend.Storage{Addresses: []string{"s1:26379"}, MasterName: "mymaster", SentinelUsername: "watcher",
 				SentinelPassword: "{env.SENTINEL_PASSWORD}", Password: "{env.REDIS_PASSWORD}"}},
 		{"sentinel, master_name first", []string{"storage redis {", "\tmaster_name mymaster", "\taddresses s1:26379", "}"},
-			idempotency.RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "mymaster"}},
+			redisbackend.Storage{Addresses: []string{"s1:26379"}, MasterName: "mymaster"}},
 		{"addresses from a placeholder", []string{"storage redis {", "\taddresses {env.REDIS_NODES}", "}"},
-			idempotency.RedisStorage{Addresses: []string{"{env.REDIS_NODES}"}}},
-		{"url from a placeholder", []string{"storage redis {env.REDIS_URL}"}, idempotency.RedisStorage{URL: "{env.REDIS_URL}"}},
-		{"host:port without a scheme", []string{"storage redis 127.0.0.1:6379"}, idempotency.RedisStorage{URL: "127.0.0.1:6379"}},
+			redisbackend.Storage{Addresses: []string{"{env.REDIS_NODES}"}}},
+		{"url from a placeholder", []string{"storage redis {env.REDIS_URL}"}, redisbackend.Storage{URL: "{env.REDIS_URL}"}},
+		{"host:port without a scheme", []string{"storage redis 127.0.0.1:6379"}, redisbackend.Storage{URL: "127.0.0.1:6379"}},
 		{"TLS files", []string{"storage redis {", "	url redis://10.0.0.7:6379", "	tls_ca_file /etc/redis/ca.pem",
 			"	tls_cert_file {env.REDIS_CERT}", "	tls_key_file /etc/redis/client.key", "	tls_server_name cache.internal", "}"},
-			idempotency.RedisStorage{URL: "redis://10.0.0.7:6379", TLSCAFile: "/etc/redis/ca.pem", TLSCertFile: "{env.REDIS_CERT}",
+			redisbackend.Storage{URL: "redis://10.0.0.7:6379", TLSCAFile: "/etc/redis/ca.pem", TLSCertFile: "{env.REDIS_CERT}",
 				TLSKeyFile: "/etc/redis/client.key", TLSServerName: "cache.internal"}},
 	}
 	for _, tt := range tests {

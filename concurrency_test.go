@@ -40,7 +40,7 @@ type responseSnapshot struct {
 // the upstream must run exactly once, one client gets its response and
 // every other one a 409 (with Retry-After) or an identical replay.
 func TestConcurrentSameKeyRunsOnce(t *testing.T) {
-	backends(t).run(func(t *testing.T, b *backend) {
+	backends(t).run(func(t *testing.T, b *testStore) {
 		h := b.handler(t, &Handler{})
 		up := slowUpstream(100 * time.Millisecond)
 		responses := fire(h, up, 100, "order-1", `{"amount":10}`)
@@ -74,7 +74,7 @@ func TestConcurrentSameKeyRunsOnce(t *testing.T) {
 }
 
 func TestConcurrentSameKeyWaitModeAllGetTheResponse(t *testing.T) {
-	backends(t).run(func(t *testing.T, b *backend) {
+	backends(t).run(func(t *testing.T, b *testStore) {
 		h := b.handler(t, &Handler{InFlight: "wait", WaitTimeout: caddy.Duration(10 * time.Second)})
 		up := slowUpstream(200 * time.Millisecond)
 		responses := fire(h, up, 100, "order-1", `{"amount":10}`)
@@ -98,7 +98,7 @@ func TestConcurrentSameKeyWaitModeAllGetTheResponse(t *testing.T) {
 }
 
 func TestWaitModeTimesOutWithConflict(t *testing.T) {
-	backends(t).run(func(t *testing.T, b *backend) {
+	backends(t).run(func(t *testing.T, b *testStore) {
 		h := b.handler(t, &Handler{InFlight: "wait", WaitTimeout: caddy.Duration(100 * time.Millisecond)})
 		up := slowUpstream(time.Second)
 		first := make(chan struct{})
@@ -138,7 +138,7 @@ func TestWaitersBeyondTheCapGet409AtOnce(t *testing.T) {
 }
 
 func TestWaitModeRunsWhenTheFirstIsReleased(t *testing.T) {
-	backends(t).run(func(t *testing.T, b *backend) {
+	backends(t).run(func(t *testing.T, b *testStore) {
 		h := b.handler(t, &Handler{InFlight: "wait"})
 		var mu sync.Mutex
 		fail := true
@@ -175,7 +175,7 @@ func TestWaitModeRunsWhenTheFirstIsReleased(t *testing.T) {
 func TestLongRequestKeepsItsLease(t *testing.T) {
 	// The upstream takes 3x lock_timeout: without renewal a retry would
 	// take the key over and run it a second time.
-	backends(t).run(func(t *testing.T, b *backend) {
+	backends(t).run(func(t *testing.T, b *testStore) {
 		h := b.handler(t, &Handler{LockTimeout: caddy.Duration(time.Second)})
 		up := slowUpstream(3 * time.Second)
 		done := make(chan struct{})
@@ -199,7 +199,7 @@ func TestLongRequestKeepsItsLease(t *testing.T) {
 }
 
 func TestDistinctKeysRunConcurrently(t *testing.T) {
-	backends(t).run(func(t *testing.T, b *backend) {
+	backends(t).run(func(t *testing.T, b *testStore) {
 		h := b.handler(t, &Handler{})
 		up := slowUpstream(50 * time.Millisecond)
 		var wg sync.WaitGroup
@@ -220,7 +220,7 @@ func TestDistinctKeysRunConcurrently(t *testing.T) {
 
 // twoInstances provisions h1 and h2 on b's namespace as two Caddy
 // instances would be: same records, a client or pool each.
-func twoInstances(t *testing.T, b *backend, h1, h2 *Handler) (*Handler, *Handler) {
+func twoInstances(t *testing.T, b *testStore, h1, h2 *Handler) (*Handler, *Handler) {
 	t.Helper()
 	x, y := b.instance(t, h1, 1), b.instance(t, h2, 2)
 	if x.store == y.store {
@@ -252,7 +252,7 @@ func alternate(x, y *Handler, up *upstream, n int, key, body string) []*response
 }
 
 func TestTwoInstancesShareKeys(t *testing.T) {
-	sharedBackends(t).run(func(t *testing.T, b *backend) {
+	sharedBackends(t).run(func(t *testing.T, b *testStore) {
 		x, y := twoInstances(t, b, &Handler{}, &Handler{})
 		up := slowUpstream(200 * time.Millisecond)
 		responses := alternate(x, y, up, 40, "shared-key", `{"x":1}`)
@@ -282,7 +282,7 @@ func TestTwoInstancesShareKeys(t *testing.T) {
 }
 
 func TestWaitAcrossInstances(t *testing.T) {
-	sharedBackends(t).run(func(t *testing.T, b *backend) {
+	sharedBackends(t).run(func(t *testing.T, b *testStore) {
 		wait := func() *Handler { return &Handler{InFlight: "wait", WaitTimeout: caddy.Duration(10 * time.Second)} }
 		x, y := twoInstances(t, b, wait(), wait())
 		up := slowUpstream(300 * time.Millisecond)

@@ -5,6 +5,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
 )
 
 func init() {
@@ -35,7 +37,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 		return nil, d.ArgErr()
 	}
 	opts := new(globalOptions)
-	err := eachOption(d, "", nil, func(opt string) error {
+	err := cfargs.EachOption(d, "", nil, func(opt string) error {
 		if opt != "storage" {
 			return d.Errf("unrecognized idempotency global option '%s' (only storage can be set globally)", opt)
 		}

@@ -20,7 +20,7 @@ import (
 // retry replays status, the whole header map and the body, marked as a
 // replay, without running the upstream again.
 func TestReplayIsIdentical(t *testing.T) {
-	backends(t).run(func(t *testing.T, b *backend) {
+	backends(t).run(func(t *testing.T, b *testStore) {
 		h := b.handler(t, &Handler{})
 		body := make([]byte, 0, 1024)
 		for i := range 1024 {
@@ -358,7 +358,7 @@ func TestBlankScopeIsRejected(t *testing.T) {
 }
 
 func TestCompletedResponseExpiresAfterTTL(t *testing.T) {
-	backends(t).run(func(t *testing.T, b *backend) {
+	backends(t).run(func(t *testing.T, b *testStore) {
 		h := b.handler(t, &Handler{TTL: caddy.Duration(time.Second)})
 		up := &upstream{}
 		if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated {

@@ -19,6 +19,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -198,12 +199,12 @@ type Handler struct {
 	// key.
 	KeyJSON string `json:"key_json,omitempty"`
 
-	backend      StorageBackend // the storage module
-	backendName  string         // its name: memory, redis, postgres
-	store        storage.Store  // the backend's store
-	ops          storage.Store  // store, timed for the latency metric: what requests use
-	waiter       storage.Waiter // nil when the store cannot notify
-	aftercare    *aftercare     // finishes store writes that failed
+	backend      backend.Backend // the storage module
+	backendName  string          // its name: memory, redis, postgres
+	store        storage.Store   // the backend's store
+	ops          storage.Store   // store, timed for the latency metric: what requests use
+	waiter       storage.Waiter  // nil when the store cannot notify
+	aftercare    *aftercare      // finishes store writes that failed
 	methods      []string
 	headerKey    string
 	scope        *scopeTemplate
@@ -374,9 +375,9 @@ func (h *Handler) loadStorage(ctx caddy.Context) error {
 }
 
 // holdStore keeps the handler's store open until release is called (see
-// StoreHolder).
+// backend.Holder).
 func (h *Handler) holdStore() (release func(), ok bool) {
-	if sh, ok := h.backend.(StoreHolder); ok {
+	if sh, ok := h.backend.(backend.Holder); ok {
 		return sh.HoldStore()
 	}
 	return func() {}, true

@@ -395,7 +395,7 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 // the same storage before cleaning up the first, as a reload does: the
 // store (its client or pool) must survive, with its records.
 func TestReloadKeepsTheStoreAndItsRecords(t *testing.T) {
-	backends(t).run(func(t *testing.T, b *backend) {
+	backends(t).run(func(t *testing.T, b *testStore) {
 		oldCtx, cancelOld := caddyContext(t)
 		old := &Handler{StorageRaw: b.config(t, 0, "")}
 		if err := old.Provision(oldCtx); err != nil {

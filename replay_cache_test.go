@@ -11,7 +11,7 @@ import (
 // FLUSH or a DELETE by someone else) until the cache entry's ttl ends,
 // and still tells another request with the key apart.
 func TestReplayCacheServesReplaysWithoutTheStore(t *testing.T) {
-	sharedBackends(t).run(func(t *testing.T, b *backend) {
+	sharedBackends(t).run(func(t *testing.T, b *testStore) {
 		// The cache's ttl is long next to any stall of a busy machine
 		// between caching the record and the checks that it is served.
 		const ttl = 2 * time.Second

@@ -1,6 +1,7 @@
-package idempotency
+package redis
 
 import (
+	"context"
 	"encoding/json"
 	"reflect"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )
@@ -20,47 +22,47 @@ func TestRedisConfigResolvesPlaceholdersAndRejectsConflicts(t *testing.T) {
 	type opts = redisstore.ClientOptions
 	tests := []struct {
 		name    string
-		in      RedisStorage
+		in      Storage
 		want    redisConfig
 		wantErr string
 	}{
-		{name: "defaults", in: RedisStorage{},
+		{name: "defaults", in: Storage{},
 			want: redisConfig{Client: opts{URL: redisstore.DefaultURL}, KeyPrefix: "idempotency:"}},
-		{name: "url from env", in: RedisStorage{URL: "{env.IDEM_TEST_REDIS_URL}", KeyPrefix: "k:"},
+		{name: "url from env", in: Storage{URL: "{env.IDEM_TEST_REDIS_URL}", KeyPrefix: "k:"},
 			want: redisConfig{Client: opts{URL: "redis://cache:6380/3"}, KeyPrefix: "k:"}},
-		{name: "password from env, braces kept", in: RedisStorage{Password: "{env.IDEM_TEST_REDIS_PASSWORD}"},
+		{name: "password from env, braces kept", in: Storage{Password: "{env.IDEM_TEST_REDIS_PASSWORD}"},
 			want: redisConfig{Client: opts{URL: redisstore.DefaultURL, Password: "s3cr{e}t"}, KeyPrefix: "idempotency:"}},
-		{name: "literal password with braces", in: RedisStorage{Password: "a{b}c"},
+		{name: "literal password with braces", in: Storage{Password: "a{b}c"},
 			want: redisConfig{Client: opts{URL: redisstore.DefaultURL, Password: "a{b}c"}, KeyPrefix: "idempotency:"}},
-		{name: "cluster from one env var", in: RedisStorage{Addresses: []string{"{env.IDEM_TEST_REDIS_NODES}"}},
+		{name: "cluster from one env var", in: Storage{Addresses: []string{"{env.IDEM_TEST_REDIS_NODES}"}},
 			want: redisConfig{Client: opts{Addrs: []string{"n1:7000, n2:7000 n3:7000"}}, KeyPrefix: "idempotency:"}},
-		{name: "cluster over TLS", in: RedisStorage{Addresses: []string{"rediss://n1:7000", "rediss://n2:7000/"}},
+		{name: "cluster over TLS", in: Storage{Addresses: []string{"rediss://n1:7000", "rediss://n2:7000/"}},
 			want: redisConfig{Client: opts{Addrs: []string{"rediss://n1:7000", "rediss://n2:7000/"}}, KeyPrefix: "idempotency:"}},
-		{name: "sentinel", in: RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "m", Username: "u", Password: "p", PoolSize: 7, DialTimeout: caddy.Duration(time.Second), Timeout: caddy.Duration(time.Minute)},
+		{name: "sentinel", in: Storage{Addresses: []string{"s1:26379"}, MasterName: "m", Username: "u", Password: "p", PoolSize: 7, DialTimeout: caddy.Duration(time.Second), Timeout: caddy.Duration(time.Minute)},
 			want: redisConfig{Client: opts{Addrs: []string{"s1:26379"}, MasterName: "m", Username: "u", Password: "p", PoolSize: 7, DialTimeout: time.Second, Timeout: time.Minute}, KeyPrefix: "idempotency:"}},
-		{name: "sentinel credentials from env", in: RedisStorage{Addresses: []string{"s1:26379"}, MasterName: "m", SentinelUsername: "w", SentinelPassword: "{env.IDEM_TEST_REDIS_PASSWORD}"},
+		{name: "sentinel credentials from env", in: Storage{Addresses: []string{"s1:26379"}, MasterName: "m", SentinelUsername: "w", SentinelPassword: "{env.IDEM_TEST_REDIS_PASSWORD}"},
 			want: redisConfig{Client: opts{Addrs: []string{"s1:26379"}, MasterName: "m", SentinelUsername: "w", SentinelPassword: "s3cr{e}t"}, KeyPrefix: "idempotency:"}},
 
-		{name: "url and addresses", in: RedisStorage{URL: "redis://a", Addresses: []string{"b:1"}}, wantErr: "mutually exclusive"},
-		{name: "sentinel_password without master_name", in: RedisStorage{Addresses: []string{"b:1"}, SentinelPassword: "p"}, wantErr: "sentinel_password needs master_name"},
-		{name: "master_name alone", in: RedisStorage{MasterName: "m"}, wantErr: "master_name needs addresses"},
-		{name: "master_name with url", in: RedisStorage{MasterName: "m", URL: "redis://a"}, wantErr: "master_name needs addresses"},
-		{name: "url empty from env", in: RedisStorage{URL: "{env.IDEM_TEST_UNSET_VARIABLE}"}, wantErr: "url is empty"},
-		{name: "bad url", in: RedisStorage{URL: "https://cache"}, wantErr: "invalid url"},
-		{name: "password twice", in: RedisStorage{URL: "redis://:pw@cache", Password: "other"}, wantErr: "password is set both"},
-		{name: "user twice", in: RedisStorage{URL: "redis://u@cache", Username: "v"}, wantErr: "user is set both"},
-		{name: "empty address", in: RedisStorage{Addresses: []string{"{env.IDEM_TEST_UNSET_VARIABLE}"}}, wantErr: "address is empty"},
-		{name: "negative pool_size", in: RedisStorage{PoolSize: -1}, wantErr: "pool_size"},
-		{name: "negative timeout", in: RedisStorage{Timeout: -1}, wantErr: "timeout"},
-		{name: "negative dial_timeout", in: RedisStorage{DialTimeout: -1}, wantErr: "dial_timeout"},
+		{name: "url and addresses", in: Storage{URL: "redis://a", Addresses: []string{"b:1"}}, wantErr: "mutually exclusive"},
+		{name: "sentinel_password without master_name", in: Storage{Addresses: []string{"b:1"}, SentinelPassword: "p"}, wantErr: "sentinel_password needs master_name"},
+		{name: "master_name alone", in: Storage{MasterName: "m"}, wantErr: "master_name needs addresses"},
+		{name: "master_name with url", in: Storage{MasterName: "m", URL: "redis://a"}, wantErr: "master_name needs addresses"},
+		{name: "url empty from env", in: Storage{URL: "{env.IDEM_TEST_UNSET_VARIABLE}"}, wantErr: "url is empty"},
+		{name: "bad url", in: Storage{URL: "https://cache"}, wantErr: "invalid url"},
+		{name: "password twice", in: Storage{URL: "redis://:pw@cache", Password: "other"}, wantErr: "password is set both"},
+		{name: "user twice", in: Storage{URL: "redis://u@cache", Username: "v"}, wantErr: "user is set both"},
+		{name: "empty address", in: Storage{Addresses: []string{"{env.IDEM_TEST_UNSET_VARIABLE}"}}, wantErr: "address is empty"},
+		{name: "negative pool_size", in: Storage{PoolSize: -1}, wantErr: "pool_size"},
+		{name: "negative timeout", in: Storage{Timeout: -1}, wantErr: "timeout"},
+		{name: "negative dial_timeout", in: Storage{DialTimeout: -1}, wantErr: "dial_timeout"},
 		// JSON durations given as bare numbers are nanoseconds.
-		{name: "timeout in nanoseconds", in: RedisStorage{Timeout: 2}, wantErr: "redis storage: timeout must be at least 10ms, got 2ns"},
-		{name: "dial_timeout in nanoseconds", in: RedisStorage{DialTimeout: 500}, wantErr: "redis storage: dial_timeout must be at least 10ms, got 500ns"},
-		{name: "timeout near the int64 limit", in: RedisStorage{Timeout: 1<<63 - 1}, wantErr: "redis storage: timeout must be at most 1m0s"},
-		{name: "replay_cache ttl in nanoseconds", in: RedisStorage{ReplayCache: &ReplayCache{MaxEntries: 10, TTL: 10}}, wantErr: "redis storage: replay_cache: ttl must be at least 1s, got 10ns"},
-		{name: "replay_cache ttl near the int64 limit", in: RedisStorage{ReplayCache: &ReplayCache{MaxEntries: 10, TTL: 1<<63 - 1}}, wantErr: "redis storage: replay_cache: ttl must be at most 24h0m0s"},
-		{name: "key_prefix with a hash tag", in: RedisStorage{KeyPrefix: "{idem}:"}, wantErr: "redis storage: key_prefix must not contain '{' or '}'"},
-		{name: "key_prefix from a placeholder", in: RedisStorage{KeyPrefix: "{env.IDEM_TEST_REDIS_URL}"}, wantErr: "key_prefix must not contain"},
+		{name: "timeout in nanoseconds", in: Storage{Timeout: 2}, wantErr: "redis storage: timeout must be at least 10ms, got 2ns"},
+		{name: "dial_timeout in nanoseconds", in: Storage{DialTimeout: 500}, wantErr: "redis storage: dial_timeout must be at least 10ms, got 500ns"},
+		{name: "timeout near the int64 limit", in: Storage{Timeout: 1<<63 - 1}, wantErr: "redis storage: timeout must be at most 1m0s"},
+		{name: "replay_cache ttl in nanoseconds", in: Storage{ReplayCache: &backend.ReplayCache{MaxEntries: 10, TTL: 10}}, wantErr: "redis storage: replay_cache: ttl must be at least 1s, got 10ns"},
+		{name: "replay_cache ttl near the int64 limit", in: Storage{ReplayCache: &backend.ReplayCache{MaxEntries: 10, TTL: 1<<63 - 1}}, wantErr: "redis storage: replay_cache: ttl must be at most 24h0m0s"},
+		{name: "key_prefix with a hash tag", in: Storage{KeyPrefix: "{idem}:"}, wantErr: "redis storage: key_prefix must not contain '{' or '}'"},
+		{name: "key_prefix from a placeholder", in: Storage{KeyPrefix: "{env.IDEM_TEST_REDIS_URL}"}, wantErr: "key_prefix must not contain"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -91,7 +93,7 @@ func TestRedisSecretsStayOutOfConfig(t *testing.T) {
 	const secret = "pa55-w0rd-from-env"
 	t.Setenv("IDEM_TEST_REDIS_SECRET", secret)
 	ctx, _ := caddyContext(t)
-	r := &RedisStorage{
+	r := &Storage{
 		URL:       "redis://127.0.0.1:1/0",
 		Username:  "{env.IDEM_TEST_REDIS_SECRET}",
 		Password:  "{env.IDEM_TEST_REDIS_SECRET}",
@@ -108,8 +110,8 @@ func TestRedisSecretsStayOutOfConfig(t *testing.T) {
 	if strings.Contains(string(b), secret) || !strings.Contains(string(b), "{env.IDEM_TEST_REDIS_SECRET}") {
 		t.Errorf("module JSON %s: want the placeholder, not the secret", b)
 	}
-	if strings.Contains(r.key, secret) {
-		t.Errorf("pool key %q holds the secret", r.key)
+	if strings.Contains(r.StoreID(), secret) {
+		t.Errorf("pool key %q holds the secret", r.StoreID())
 	}
 	cfg, err := r.resolve()
 	if err != nil {
@@ -120,12 +122,12 @@ func TestRedisSecretsStayOutOfConfig(t *testing.T) {
 	}
 	// Another secret is another client.
 	t.Setenv("IDEM_TEST_REDIS_SECRET", "other")
-	other := &RedisStorage{URL: r.URL, Username: r.Username, Password: r.Password, KeyPrefix: r.KeyPrefix}
+	other := &Storage{URL: r.URL, Username: r.Username, Password: r.Password, KeyPrefix: r.KeyPrefix}
 	if err := other.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer other.Cleanup()
-	if other.key == r.key || other.Store() == r.Store() {
+	if other.StoreID() == r.StoreID() || other.Store() == r.Store() {
 		t.Error("two passwords share a pool key")
 	}
 }
@@ -135,9 +137,9 @@ func TestRedisSecretsStayOutOfConfig(t *testing.T) {
 // user.
 func TestRedisProvisionSharesOneClient(t *testing.T) {
 	prefix := "idempotency-test:" + t.Name() + ":"
-	provisioned := func(ctx caddy.Context, poolSize int) *RedisStorage {
+	provisioned := func(ctx caddy.Context, poolSize int) *Storage {
 		t.Helper()
-		r := &RedisStorage{URL: "redis://127.0.0.1:1/0", KeyPrefix: prefix, PoolSize: poolSize}
+		r := &Storage{URL: "redis://127.0.0.1:1/0", KeyPrefix: prefix, PoolSize: poolSize}
 		if err := r.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +157,7 @@ func TestRedisProvisionSharesOneClient(t *testing.T) {
 	ctx2, _ := caddyContext(t)
 	d := provisioned(ctx2, 5)
 	shared := a.Store()
-	for _, r := range []*RedisStorage{a, b, c} {
+	for _, r := range []*Storage{a, b, c} {
 		if err := r.Cleanup(); err != nil {
 			t.Fatal(err)
 		}
@@ -171,7 +173,7 @@ func TestRedisProvisionSharesOneClient(t *testing.T) {
 		t.Errorf("Get on the released store: %v, want a closed-client error", err)
 	}
 	// Cleanup of a module that never provisioned, or twice, is harmless.
-	if err := new(RedisStorage).Cleanup(); err != nil {
+	if err := new(Storage).Cleanup(); err != nil {
 		t.Error(err)
 	}
 	if err := d.Cleanup(); err != nil {
@@ -190,8 +192,8 @@ func TestRedisDurationsInNanosecondsAreConfigErrors(t *testing.T) {
 		`"key_prefix": "{shop}:"`:                        "redis storage: key_prefix must not contain",
 	} {
 		ctx, _ := caddyContext(t)
-		h := handlerFromJSON(t, `{"storage":{"backend":"redis",`+field+`}}`)
-		err := tryProvision(t, ctx, h)
+		h := fromJSON(t, `{`+field+`}`)
+		err := h.Provision(ctx)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: Provision error %v, want one containing %q", field, err, want)
 		}
@@ -203,12 +205,34 @@ func TestRedisDurationsInNanosecondsAreConfigErrors(t *testing.T) {
 
 func TestRedisProvisionRejectsBadConfigWithoutHoldingAStore(t *testing.T) {
 	ctx, _ := caddyContext(t)
-	bad := handlerFromJSON(t, `{"storage":{"backend":"redis","url":"redis://a:6379","addresses":["b:1"]}}`)
-	err := tryProvision(t, ctx, bad)
+	bad := fromJSON(t, `{"url":"redis://a:6379","addresses":["b:1"]}`)
+	err := bad.Provision(ctx)
 	if err == nil || !strings.Contains(err.Error(), "mutually exclusive") {
 		t.Fatalf("Provision: %v", err)
 	}
 	if err := bad.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
+	if bad.Store() != nil {
+		t.Fatal("a config that failed holds a store")
+	}
+}
+
+// caddyContext is a Caddy context for provisioning modules, cancelled
+// (its modules cleaned up) after the test.
+func caddyContext(t *testing.T) (caddy.Context, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	return ctx, cancel
+}
+
+// fromJSON decodes a redis storage config as Caddy would.
+func fromJSON(t *testing.T, config string) *Storage {
+	t.Helper()
+	r := new(Storage)
+	if err := caddy.StrictUnmarshalJSON([]byte(config), r); err != nil {
+		t.Fatalf("decoding %s: %v", config, err)
+	}
+	return r
 }

@@ -1,4 +1,4 @@
-package idempotency
+package postgres
 
 import (
 	"cmp"
@@ -16,13 +16,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
+	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
 func init() {
-	caddy.RegisterModule(PostgresStorage{})
+	caddy.RegisterModule(Storage{})
 }
 
 // defaultPostgresTimeout bounds each operation on the request path.
@@ -43,7 +45,7 @@ const (
 	maxCleanupInterval = 30 * 24 * time.Hour
 )
 
-// PostgresStorage keeps idempotency records in a PostgreSQL table, shared
+// Storage keeps idempotency records in a PostgreSQL table, shared
 // by every Caddy instance using the same database. A new key costs two
 // statements and a replay one; expired rows are deleted periodically by
 // one instance at a time.
@@ -52,7 +54,7 @@ const (
 // start-up, the table is created on first use, and until the database
 // answers requests follow on_storage_error. Handlers with the same
 // configuration share one connection pool, kept across config reloads.
-type PostgresStorage struct {
+type Storage struct {
 	// The connection string: a URL (postgres://user:pass@host:5432/db?sslmode=verify-full)
 	// or keyword/value pairs (host=... user=... dbname=...), with any
 	// parameter pgx accepts (pool_* parameters too). Placeholders such as
@@ -98,9 +100,9 @@ type PostgresStorage struct {
 
 	// Keep completed records in this process too, so that replays skip
 	// the database. Off by default.
-	ReplayCache *ReplayCache `json:"replay_cache,omitempty"`
+	ReplayCache *backend.ReplayCache `json:"replay_cache,omitempty"`
 
-	pooledBackend
+	backend.Pooled
 }
 
 // postgresConfig is what names a pool: the resolved configuration. It is
@@ -116,29 +118,29 @@ type postgresConfig struct {
 }
 
 // CaddyModule returns the Caddy module information.
-func (PostgresStorage) CaddyModule() caddy.ModuleInfo {
+func (Storage) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.idempotency.storage.postgres",
-		New: func() caddy.Module { return new(PostgresStorage) },
+		New: func() caddy.Module { return new(Storage) },
 	}
 }
 
 // Provision resolves the DSN, fills in defaults and takes the shared store
 // for this configuration, building its pool on first use. It never
 // connects, so PostgreSQL being down does not fail it.
-func (p *PostgresStorage) Provision(ctx caddy.Context) error {
+func (p *Storage) Provision(ctx caddy.Context) error {
 	if p.DSN == "" {
 		return errors.New("postgres storage: dsn is required")
 	}
 	if err := p.check(); err != nil {
 		return err
 	}
-	p.Table = cmp.Or(p.Table, postgres.DefaultTable)
+	p.Table = cmp.Or(p.Table, pgstore.DefaultTable)
 	if p.CreateTable == nil {
 		yes := true
 		p.CreateTable = &yes
 	}
-	p.CleanupInterval = cmp.Or(p.CleanupInterval, caddy.Duration(postgres.DefaultCleanupInterval))
+	p.CleanupInterval = cmp.Or(p.CleanupInterval, caddy.Duration(pgstore.DefaultCleanupInterval))
 	p.Timeout = cmp.Or(p.Timeout, caddy.Duration(defaultPostgresTimeout))
 	cfg := postgresConfig{
 		// ReplaceKnown, not ReplaceAll: a password may contain braces
@@ -149,24 +151,24 @@ func (p *PostgresStorage) Provision(ctx caddy.Context) error {
 		CleanupInterval: time.Duration(p.CleanupInterval),
 		MaxConns:        p.MaxConns,
 		Timeout:         time.Duration(p.Timeout),
-		Cache:           p.ReplayCache.options(),
+		Cache:           p.ReplayCache.Options(),
 	}
 	if strings.TrimSpace(cfg.DSN) == "" {
 		return errors.New("postgres storage: dsn is empty once placeholders are resolved")
 	}
-	poolCfg, err := postgres.NewPoolConfig(cfg.DSN, cfg.MaxConns)
+	poolCfg, err := pgstore.NewPoolConfig(cfg.DSN, cfg.MaxConns)
 	if err != nil {
 		return fmt.Errorf("postgres storage: %w", err)
 	}
 	cc := poolCfg.ConnConfig
 	where := fmt.Sprintf("postgres://%s@%s/%s table %s (max_conns %d)", cc.User, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cc.Database, cfg.Table, poolCfg.MaxConns)
-	return p.acquire(ctx.Logger(), "postgres", cfg, where, func() (storage.Store, error) {
+	return p.Acquire(ctx.Logger(), "postgres", cfg, where, func() (storage.Store, error) {
 		// No connection is made here: pgxpool connects on first use.
 		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 		if err != nil {
 			return nil, fmt.Errorf("postgres storage: %w", err)
 		}
-		s, err := postgres.New(pool, postgres.Options{
+		s, err := pgstore.New(pool, pgstore.Options{
 			Table:           cfg.Table,
 			CreateTable:     cfg.CreateTable,
 			CleanupInterval: cfg.CleanupInterval,
@@ -177,14 +179,14 @@ func (p *PostgresStorage) Provision(ctx caddy.Context) error {
 			pool.Close()
 			return nil, err
 		}
-		return withReplayCache(s, cfg.Cache), nil
+		return backend.Wrap(s, cfg.Cache), nil
 	})
 }
 
 // check reports configuration errors that need no placeholder resolved;
 // zero values are the defaults (the dsn, which is required, is checked
 // by Provision: in a Caddyfile block it may come last).
-func (p *PostgresStorage) check() error {
+func (p *Storage) check() error {
 	if p.MaxConns < 0 || p.MaxConns > math.MaxInt32 {
 		return fmt.Errorf("postgres storage: max_conns must be a positive number, got %d", p.MaxConns)
 	}
@@ -195,11 +197,11 @@ func (p *PostgresStorage) check() error {
 		return err
 	}
 	if p.Table != "" {
-		if _, err := postgres.Schema(p.Table); err != nil {
+		if _, err := pgstore.Schema(p.Table); err != nil {
 			return fmt.Errorf("postgres storage: %w", err)
 		}
 	}
-	return p.ReplayCache.check("postgres storage")
+	return p.ReplayCache.Check("postgres storage")
 }
 
 // durationWithin reports a duration option outside [lo, hi], in the
@@ -221,7 +223,7 @@ func logCleanup(table string) func(int64, error) {
 	return func(deleted int64, err error) {
 		log := caddy.Log().Named("http.idempotency.storage.postgres")
 		switch {
-		case errors.Is(err, postgres.ErrCleanupLocked):
+		case errors.Is(err, pgstore.ErrCleanupLocked):
 			// Another instance is cleaning: nothing to report.
 		case err != nil:
 			log.Warn("deleting expired idempotency records", zap.String("table", table), zap.Int64("deleted", deleted), zap.Error(err))
@@ -242,28 +244,28 @@ func logCleanup(table string) func(int64, error) {
 //	    timeout <duration>
 //	    replay_cache <max_entries> [<ttl>]
 //	}
-func (p *PostgresStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (p *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the backend name
-	if err := noArgs(d); err != nil {
+	if err := cfargs.NoArgs(d); err != nil {
 		return err
 	}
-	return eachOption(d, "postgres storage ", nil, func(opt string) error {
+	return cfargs.EachOption(d, "postgres storage ", nil, func(opt string) error {
 		var err error
 		switch opt {
 		case "dsn":
-			return stringArg(d, &p.DSN)
+			return cfargs.StringArg(d, &p.DSN)
 		case "table":
-			return stringArg(d, &p.Table)
+			return cfargs.StringArg(d, &p.Table)
 		case "create_table":
-			return boolArg(d, &p.CreateTable)
+			return cfargs.BoolArg(d, &p.CreateTable)
 		case "cleanup_interval":
-			return durationArg(d, &p.CleanupInterval)
+			return cfargs.DurationArg(d, &p.CleanupInterval)
 		case "max_conns":
-			return intArg(d, &p.MaxConns)
+			return cfargs.IntArg(d, &p.MaxConns)
 		case "timeout":
-			return durationArg(d, &p.Timeout)
+			return cfargs.DurationArg(d, &p.Timeout)
 		case "replay_cache":
-			p.ReplayCache, err = parseReplayCache(d)
+			p.ReplayCache, err = backend.ParseReplayCache(d)
 			return err
 		}
 		return d.Errf("unrecognized postgres storage option '%s'", opt)

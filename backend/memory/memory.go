@@ -1,4 +1,4 @@
-package idempotency
+package memory
 
 import (
 	"fmt"
@@ -7,19 +7,21 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/dustin/go-humanize"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
+	memstore "github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
 
 func init() {
-	caddy.RegisterModule(MemoryStorage{})
+	caddy.RegisterModule(Storage{})
 }
 
-// MemoryStorage keeps idempotency records in this Caddy process. It is the
+// Storage keeps idempotency records in this Caddy process. It is the
 // default: nothing to set up, but records are not shared with other
 // instances and are lost when the process exits (they survive config
 // reloads). Handlers with the same settings share one store.
-type MemoryStorage struct {
+type Storage struct {
 	// The most records kept at once. When the store is full, expired
 	// records are dropped first; if it is still full, requests with a new
 	// key get 503 (live records are never evicted). Default: 1000000.
@@ -43,30 +45,30 @@ type MemoryStorage struct {
 	// of max_keys.
 	MaxKeysPerScope int `json:"max_keys_per_scope,omitempty"`
 
-	pooledBackend
+	backend.Pooled
 }
 
 // CaddyModule returns the Caddy module information.
-func (MemoryStorage) CaddyModule() caddy.ModuleInfo {
+func (Storage) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.idempotency.storage.memory",
-		New: func() caddy.Module { return new(MemoryStorage) },
+		New: func() caddy.Module { return new(Storage) },
 	}
 }
 
 // Provision takes the shared memory store for these settings.
-func (m *MemoryStorage) Provision(ctx caddy.Context) error {
+func (m *Storage) Provision(ctx caddy.Context) error {
 	if err := m.check(); err != nil {
 		return err
 	}
-	opts := memory.Options{MaxKeys: m.MaxKeys, MaxBytes: m.MaxBytes, MaxKeysPerScope: m.MaxKeysPerScope}.WithDefaults()
+	opts := memstore.Options{MaxKeys: m.MaxKeys, MaxBytes: m.MaxBytes, MaxKeysPerScope: m.MaxKeysPerScope}.WithDefaults()
 	where := fmt.Sprintf("this process (max_keys %d, max_bytes %s, max_keys_per_scope %d)",
 		opts.MaxKeys, humanize.IBytes(uint64(opts.MaxBytes)), opts.MaxKeysPerScope)
-	return m.acquire(ctx.Logger(), "memory", opts, where, func() (storage.Store, error) { return memory.New(opts), nil })
+	return m.Acquire(ctx.Logger(), "memory", opts, where, func() (storage.Store, error) { return memstore.New(opts), nil })
 }
 
 // check reports configuration errors; zero values are the defaults.
-func (m *MemoryStorage) check() error {
+func (m *Storage) check() error {
 	switch {
 	case m.MaxKeys < 0:
 		return fmt.Errorf("memory storage: max_keys must be positive, got %d", m.MaxKeys)
@@ -90,19 +92,19 @@ const minMemoryBytes = 1 << 20
 //	    max_bytes <size>
 //	    max_keys_per_scope <n>
 //	}
-func (m *MemoryStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (m *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the backend name
-	if err := noArgs(d); err != nil {
+	if err := cfargs.NoArgs(d); err != nil {
 		return err
 	}
-	return eachOption(d, "memory storage ", nil, func(opt string) error {
+	return cfargs.EachOption(d, "memory storage ", nil, func(opt string) error {
 		switch opt {
 		case "max_keys":
-			return intArg(d, &m.MaxKeys)
+			return cfargs.IntArg(d, &m.MaxKeys)
 		case "max_keys_per_scope":
-			return intArg(d, &m.MaxKeysPerScope)
+			return cfargs.IntArg(d, &m.MaxKeysPerScope)
 		case "max_bytes":
-			return sizeArg(d, &m.MaxBytes)
+			return cfargs.SizeArg(d, &m.MaxBytes)
 		}
 		return d.Errf("unrecognized memory storage option '%s'", opt)
 	}, m.check)

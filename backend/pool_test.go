@@ -1,4 +1,4 @@
-package idempotency
+package backend
 
 import (
 	"sync/atomic"
@@ -19,8 +19,8 @@ func (c *closeCounter) Close() error { c.closed.Add(1); return c.Store.Close() }
 
 func TestPooledStoreClosesAfterItsLastHold(t *testing.T) {
 	inner := &closeCounter{Store: memory.New(memory.Options{})}
-	var b pooledBackend
-	if err := b.acquire(zap.NewNop(), "test", "deferred-close", "", func() (storage.Store, error) { return inner, nil }); err != nil {
+	var b Pooled
+	if err := b.Acquire(zap.NewNop(), "test", "deferred-close", "", func() (storage.Store, error) { return inner, nil }); err != nil {
 		t.Fatal(err)
 	}
 	release, ok := b.HoldStore()
@@ -44,8 +44,8 @@ func TestPooledStoreClosesAfterItsLastHold(t *testing.T) {
 
 func TestPooledStoreWithoutHoldsClosesAtOnce(t *testing.T) {
 	inner := &closeCounter{Store: memory.New(memory.Options{})}
-	var b pooledBackend
-	if err := b.acquire(zap.NewNop(), "test", "idle-close", "", func() (storage.Store, error) { return inner, nil }); err != nil {
+	var b Pooled
+	if err := b.Acquire(zap.NewNop(), "test", "idle-close", "", func() (storage.Store, error) { return inner, nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Cleanup(); err != nil {
@@ -62,12 +62,12 @@ func TestPooledStoreWithoutHoldsClosesAtOnce(t *testing.T) {
 func TestPooledBackendsShareOneStorePerConfiguration(t *testing.T) {
 	opened := 0
 	open := func() (storage.Store, error) { opened++; return memory.New(memory.Options{}), nil }
-	var a, b, c pooledBackend
+	var a, b, c Pooled
 	for _, x := range []struct {
-		b   *pooledBackend
+		b   *Pooled
 		cfg any
 	}{{&a, "one"}, {&b, "one"}, {&c, "two"}} {
-		if err := x.b.acquire(zap.NewNop(), "test", x.cfg, "", open); err != nil {
+		if err := x.b.Acquire(zap.NewNop(), "test", x.cfg, "", open); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { x.b.Cleanup() })

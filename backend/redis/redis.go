@@ -1,4 +1,4 @@
-package idempotency
+package redis
 
 import (
 	"cmp"
@@ -14,13 +14,15 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )
 
 func init() {
-	caddy.RegisterModule(RedisStorage{})
+	caddy.RegisterModule(Storage{})
 }
 
 // redisLogOnce installs redisLogger when the first Redis backend is
@@ -40,7 +42,7 @@ func (redisLogger) Printf(_ context.Context, format string, v ...any) {
 	}
 }
 
-// RedisStorage keeps idempotency records in Redis, shared by every Caddy
+// Storage keeps idempotency records in Redis, shared by every Caddy
 // instance that points at it: a single node (url), a Redis Cluster
 // (several addresses) or a Sentinel-managed primary (master_name and the
 // Sentinel addresses). A new key costs two round trips and a replay one.
@@ -53,7 +55,7 @@ func (redisLogger) Printf(_ context.Context, format string, v ...any) {
 // url, addresses and the user names and passwords accept placeholders such as
 // {env.REDIS_PASSWORD} or {file./run/secrets/redis}, resolved once at
 // provisioning; the resolved values never appear in the config.
-type RedisStorage struct {
+type Storage struct {
 	// The Redis server as a URL: redis://[user:password@]host[:port][/db],
 	// rediss:// for TLS, or unix:///path/to/socket. Query parameters
 	// configure the go-redis client (for example protocol=2 or
@@ -112,7 +114,7 @@ type RedisStorage struct {
 
 	// Keep completed records in this process too, so that replays skip
 	// Redis. Off by default.
-	ReplayCache *ReplayCache `json:"replay_cache,omitempty"`
+	ReplayCache *backend.ReplayCache `json:"replay_cache,omitempty"`
 
 	// A PEM file of the CA certificates that the server's certificate is
 	// checked against, instead of the system's (a private CA). Setting
@@ -130,21 +132,21 @@ type RedisStorage struct {
 	// host dialled (an address by IP, a tunnel).
 	TLSServerName string `json:"tls_server_name,omitempty"`
 
-	pooledBackend
+	backend.Pooled
 }
 
 // CaddyModule returns the Caddy module information.
-func (RedisStorage) CaddyModule() caddy.ModuleInfo {
+func (Storage) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.idempotency.storage.redis",
-		New: func() caddy.Module { return new(RedisStorage) },
+		New: func() caddy.Module { return new(Storage) },
 	}
 }
 
 // Provision resolves placeholders, checks the configuration and takes the
 // shared store for it. It does not contact Redis, so that an outage does
 // not fail a config load or reload.
-func (r *RedisStorage) Provision(ctx caddy.Context) error {
+func (r *Storage) Provision(ctx caddy.Context) error {
 	redisLogOnce.Do(func() { goredis.SetLogger(redisLogger{}) })
 	if err := r.check(); err != nil {
 		return err
@@ -153,17 +155,17 @@ func (r *RedisStorage) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	return r.acquire(ctx.Logger(), "redis", cfg, cfg.Client.Where(), func() (storage.Store, error) {
+	return r.Acquire(ctx.Logger(), "redis", cfg, cfg.Client.Where(), func() (storage.Store, error) {
 		client, err := redisstore.NewClient(cfg.Client)
 		if err != nil {
 			return nil, err
 		}
 		store := redisstore.New(client, redisstore.Options{KeyPrefix: cfg.KeyPrefix, Timeout: cmp.Or(cfg.Client.Timeout, redisstore.DefaultTimeout)})
-		return withReplayCache(store, cfg.Cache), nil
+		return backend.Wrap(store, cfg.Cache), nil
 	})
 }
 
-// redisConfig is a RedisStorage with placeholders resolved: what the
+// redisConfig is a Storage with placeholders resolved: what the
 // store is built from and, hashed, what names it in the pool.
 type redisConfig struct {
 	Client    redisstore.ClientOptions
@@ -173,7 +175,7 @@ type redisConfig struct {
 
 // options returns the client options of r, each string passed through
 // resolve (placeholders, or nothing).
-func (r *RedisStorage) options(resolve func(string) string) redisstore.ClientOptions {
+func (r *Storage) options(resolve func(string) string) redisstore.ClientOptions {
 	o := redisstore.ClientOptions{
 		URL:              resolve(r.URL),
 		MasterName:       resolve(r.MasterName),
@@ -197,7 +199,7 @@ func (r *RedisStorage) options(resolve func(string) string) redisstore.ClientOpt
 
 // check reports configuration errors that need no placeholder resolved:
 // a url or an address that holds one is checked once resolved.
-func (r *RedisStorage) check() error {
+func (r *Storage) check() error {
 	o := r.options(func(s string) string { return s })
 	if strings.Contains(o.URL, "{") {
 		o.URL = "redis://placeholder"
@@ -213,19 +215,19 @@ func (r *RedisStorage) check() error {
 	if err := (redisstore.Options{KeyPrefix: r.KeyPrefix}).Check(); err != nil {
 		return err
 	}
-	return r.ReplayCache.check("redis storage")
+	return r.ReplayCache.Check("redis storage")
 }
 
 // resolve resolves r's placeholders and checks the result. ReplaceKnown
 // rather than ReplaceAll: a brace in a literal password that is not a
 // placeholder stays as written. Errors never quote url, usernames or
 // passwords, which may hold secrets.
-func (r *RedisStorage) resolve() (redisConfig, error) {
+func (r *Storage) resolve() (redisConfig, error) {
 	repl := caddy.NewReplacer()
 	cfg := redisConfig{
 		Client:    r.options(func(s string) string { return repl.ReplaceKnown(s, "") }),
 		KeyPrefix: cmp.Or(r.KeyPrefix, redisstore.DefaultKeyPrefix),
-		Cache:     r.ReplayCache.options(),
+		Cache:     r.ReplayCache.Options(),
 	}
 	switch {
 	case r.URL != "" && cfg.Client.URL == "":
@@ -256,13 +258,13 @@ func (r *RedisStorage) resolve() (redisConfig, error) {
 //	    tls_key_file <path>
 //	    tls_server_name <name>
 //	}
-func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (r *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the backend name
 	seen := make(map[string]bool)
 	if d.NextArg() {
 		r.URL = d.Val()
 		seen["url"] = true
-		if err := noArgs(d); err != nil {
+		if err := cfargs.NoArgs(d); err != nil {
 			return err
 		}
 		if err := r.check(); err != nil {
@@ -274,43 +276,43 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	// other run once the block is read, and an error names the line of
 	// the option it is about.
 	at := make(map[string]string)
-	err := eachOption(d, "redis storage ", seen, func(opt string) error {
+	err := cfargs.EachOption(d, "redis storage ", seen, func(opt string) error {
 		at[opt] = fmt.Sprintf("%s:%d", d.File(), d.Line())
 		var err error
 		switch opt {
 		case "url":
-			return stringArg(d, &r.URL)
+			return cfargs.StringArg(d, &r.URL)
 		case "addresses":
-			return argsList(d, &r.Addresses)
+			return cfargs.ArgsList(d, &r.Addresses)
 		case "master_name":
-			return stringArg(d, &r.MasterName)
+			return cfargs.StringArg(d, &r.MasterName)
 		case "sentinel_username":
-			return stringArg(d, &r.SentinelUsername)
+			return cfargs.StringArg(d, &r.SentinelUsername)
 		case "sentinel_password":
-			return stringArg(d, &r.SentinelPassword)
+			return cfargs.StringArg(d, &r.SentinelPassword)
 		case "username":
-			return stringArg(d, &r.Username)
+			return cfargs.StringArg(d, &r.Username)
 		case "password":
-			return stringArg(d, &r.Password)
+			return cfargs.StringArg(d, &r.Password)
 		case "key_prefix":
-			return stringArg(d, &r.KeyPrefix)
+			return cfargs.StringArg(d, &r.KeyPrefix)
 		case "pool_size":
-			return intArg(d, &r.PoolSize)
+			return cfargs.IntArg(d, &r.PoolSize)
 		case "dial_timeout":
-			return durationArg(d, &r.DialTimeout)
+			return cfargs.DurationArg(d, &r.DialTimeout)
 		case "timeout":
-			return durationArg(d, &r.Timeout)
+			return cfargs.DurationArg(d, &r.Timeout)
 		case "replay_cache":
-			r.ReplayCache, err = parseReplayCache(d)
+			r.ReplayCache, err = backend.ParseReplayCache(d)
 			return err
 		case "tls_ca_file":
-			return stringArg(d, &r.TLSCAFile)
+			return cfargs.StringArg(d, &r.TLSCAFile)
 		case "tls_cert_file":
-			return stringArg(d, &r.TLSCertFile)
+			return cfargs.StringArg(d, &r.TLSCertFile)
 		case "tls_key_file":
-			return stringArg(d, &r.TLSKeyFile)
+			return cfargs.StringArg(d, &r.TLSKeyFile)
 		case "tls_server_name":
-			return stringArg(d, &r.TLSServerName)
+			return cfargs.StringArg(d, &r.TLSServerName)
 		}
 		return d.Errf("unrecognized redis storage option '%s'", opt)
 	}, r.checkSoFar)
@@ -330,7 +332,7 @@ func (r *RedisStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // checkSoFar is check without the rules that need an option a later line
 // may still give (master_name needs addresses; the Sentinel credentials
 // need master_name; tls_cert_file and tls_key_file go together).
-func (r *RedisStorage) checkSoFar() error {
+func (r *Storage) checkSoFar() error {
 	partial := *r
 	if partial.MasterName != "" && len(partial.Addresses) == 0 {
 		partial.MasterName = ""

@@ -1,0 +1,209 @@
+package backend
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"iter"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// stores holds one live store per distinct storage configuration. Every
+// handler with that configuration shares it, and it outlives config
+// reloads: Caddy provisions the new config (one more reference) before it
+// cleans up the old one (one less), so the store is never closed in between
+// and a memory store keeps its records.
+var stores = caddy.NewUsagePool()
+
+// pooledStore is a store in the pool. When the last handler lets go of it,
+// it closes once the requests still holding it are done: on a reload that
+// changes the storage configuration, requests the old config started must
+// still complete or release their keys.
+type pooledStore struct {
+	storage.Store
+	backend string
+
+	release func() // p.unhold, made once: a hold costs no allocation
+
+	mu         sync.Mutex
+	holds      int  // holds not yet released
+	destructed bool // no handler uses the store any more
+	closed     bool
+}
+
+// Destruct implements caddy.Destructor.
+func (p *pooledStore) Destruct() error {
+	p.mu.Lock()
+	p.destructed = true
+	idle := p.holds == 0
+	p.closed = p.closed || idle
+	p.mu.Unlock()
+	if !idle {
+		return nil // the last hold closes it
+	}
+	return p.Close()
+}
+
+// hold implements Holder.HoldStore for the pool entry.
+func (p *pooledStore) hold() (release func(), ok bool) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, false
+	}
+	p.holds++
+	p.mu.Unlock()
+	return p.release, true
+}
+
+func (p *pooledStore) unhold() {
+	p.mu.Lock()
+	p.holds--
+	last := p.holds == 0 && p.destructed
+	p.closed = p.closed || last
+	p.mu.Unlock()
+	if !last {
+		return
+	}
+	if err := p.Close(); err != nil {
+		caddy.Log().Named("http.handlers.idempotency").Error("closing idempotency store", zap.String("backend", p.backend), zap.Error(err))
+	}
+}
+
+// Pooled is what a backend module embeds: its store, taken from the pool
+// of live stores under a hash of its resolved configuration. It
+// implements Backend, Holder and caddy.CleanerUpper; the module's
+// Provision calls Acquire.
+type Pooled struct {
+	entry *pooledStore
+	key   string
+}
+
+// Acquire takes the pooled store for config, opening it with open on
+// first use; backend is the module's name ("redis"). The pool key hashes
+// the configuration (secrets resolved: two configurations that differ
+// only in a password are two stores), so that credentials never sit in a
+// pool key, a log line or an error message.
+//
+// A store opened here is announced in logger's log with where it is
+// (address, free of credentials), and a store that implements
+// storage.Pinger is pinged once in the background: start-up never waits
+// for it, but an unreachable store is named in a warning at once rather
+// than at the first request.
+func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where string, open func() (storage.Store, error)) error {
+	raw, err := json.Marshal(config)
+	if err != nil {
+		return fmt.Errorf("%s storage: hashing the configuration: %w", backend, err)
+	}
+	sum := sha256.Sum256(raw)
+	key := backend + ":" + hex.EncodeToString(sum[:12])
+	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		s, err := open()
+		if err != nil {
+			return nil, err
+		}
+		logger.Info("idempotency store opened", zap.String("backend", backend), zap.String("store", key), zap.String("address", where))
+		if p, ok := s.(storage.Pinger); ok {
+			go pingAtStart(logger, p, backend, key, where)
+		}
+		p := &pooledStore{Store: s, backend: backend}
+		p.release = p.unhold
+		return p, nil
+	})
+	if err != nil {
+		return err
+	}
+	b.entry, b.key = v.(*pooledStore), key
+	return nil
+}
+
+// startPingTimeout bounds the ping of a store just opened.
+const startPingTimeout = 5 * time.Second
+
+// pingAtStart pings a store just opened and warns when it does not answer.
+func pingAtStart(logger *zap.Logger, p storage.Pinger, backend, id, where string) {
+	ctx, cancel := context.WithTimeout(context.Background(), startPingTimeout)
+	defer cancel()
+	if err := p.Ping(ctx); err != nil {
+		logger.Warn("idempotency store unreachable; requests using it follow on_storage_error until it answers",
+			zap.String("backend", backend), zap.String("store", id), zap.String("address", where), zap.Error(err))
+	}
+}
+
+// Store implements Backend.
+func (b *Pooled) Store() storage.Store {
+	if b.entry == nil {
+		return nil
+	}
+	return b.entry.Store
+}
+
+// StoreID returns the pool's name for the store ("redis:" and a hash of
+// the configuration), as the admin API and the logs show it; empty before
+// Acquire.
+func (b *Pooled) StoreID() string { return b.key }
+
+// HoldStore implements Holder.
+func (b *Pooled) HoldStore() (release func(), ok bool) {
+	return b.entry.hold()
+}
+
+// Cleanup drops this module's reference to the pooled store; the last one
+// closes it (once the requests holding it are done). It tolerates a
+// module whose Provision failed before acquiring anything.
+func (b *Pooled) Cleanup() error {
+	if b.key == "" {
+		return nil
+	}
+	key := b.key
+	b.key = ""
+	_, err := stores.Delete(key)
+	return err
+}
+
+// LiveStore is a store in the pool, as the admin API lists it.
+type LiveStore struct {
+	// ID is the pool's name for the store (see Pooled.StoreID).
+	ID string
+	// Backend is the name of the module that opened it ("redis").
+	Backend string
+	// Store is the store itself.
+	Store storage.Store
+	// Handlers is how many handlers (of every loaded configuration) use it.
+	Handlers int
+}
+
+// Live yields the stores in the pool by ID, every backend's alike; with
+// a non-empty id, only the store of that ID.
+func Live(id string) iter.Seq[LiveStore] {
+	var out []LiveStore
+	stores.Range(func(k, v any) bool {
+		if id == "" || k.(string) == id {
+			p := v.(*pooledStore)
+			refs, _ := stores.References(k)
+			out = append(out, LiveStore{ID: k.(string), Backend: p.backend, Store: p.Store, Handlers: refs})
+		}
+		return true
+	})
+	slices.SortFunc(out, func(a, b LiveStore) int { return strings.Compare(a.ID, b.ID) })
+	return slices.Values(out)
+}
+
+// Interface guards
+var (
+	_ Backend            = (*Pooled)(nil)
+	_ Holder             = (*Pooled)(nil)
+	_ caddy.Destructor   = (*pooledStore)(nil)
+	_ storage.Store      = (*pooledStore)(nil)
+	_ caddy.CleanerUpper = (*Pooled)(nil)
+)

@@ -1,0 +1,144 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+
+	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
+)
+
+func TestPostgresProvisionDefaults(t *testing.T) {
+	p := &Storage{DSN: "postgres://postgres@127.0.0.1:1/test"}
+	ctx, _ := caddyContext(t)
+	if err := p.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cleanup()
+	if p.Table != "idempotency_keys" || p.CreateTable == nil || !*p.CreateTable || p.CleanupInterval != caddy.Duration(pgstore.DefaultCleanupInterval) || p.MaxConns != 0 {
+		t.Fatalf("defaults: %+v", p)
+	}
+	pool := p.Store().(*pgstore.Store).Pool()
+	if cfg := pool.Config(); cfg.ConnConfig.ConnectTimeout != pgstore.DefaultConnectTimeout {
+		t.Errorf("connect timeout %v, want %v when the DSN sets none", cfg.ConnConfig.ConnectTimeout, pgstore.DefaultConnectTimeout)
+	}
+}
+
+func TestPostgresProvisionErrors(t *testing.T) {
+	t.Setenv("IDEM_TEST_EMPTY", "")
+	tests := []struct {
+		name    string
+		storage string
+		want    string
+	}{
+		{"no dsn", `{}`, "dsn is required"},
+		{"dsn resolving to nothing", `{"dsn":"{env.IDEM_TEST_EMPTY}"}`, "dsn is empty"},
+		{"invalid dsn", `{"dsn":"postgres://app:s3cret-pw@db:notaport/app"}`, "not a valid connection string"},
+		{"invalid keyword dsn", `{"dsn":"host=db password=s3cret-pw sslmode=sometimes"}`, "not a valid connection string"},
+		{"invalid table", `{"dsn":"postgres://db/app","table":"Idempotency"}`, "lower-case"},
+		{"negative cleanup_interval", `{"dsn":"postgres://db/app","cleanup_interval":-1}`, "postgres storage: cleanup_interval must be at least 1s, got -1ns"},
+		{"cleanup_interval in nanoseconds", `{"dsn":"postgres://db/app","cleanup_interval":300}`, "postgres storage: cleanup_interval must be at least 1s, got 300ns"},
+		{"cleanup_interval beyond its ceiling", `{"dsn":"postgres://db/app","cleanup_interval":9000000000000000000}`, "postgres storage: cleanup_interval must be at most 720h0m0s, got 2500000h0m0s"},
+		{"timeout in nanoseconds", `{"dsn":"postgres://db/app","timeout":2}`, "postgres storage: timeout must be at least 10ms, got 2ns"},
+		{"negative timeout", `{"dsn":"postgres://db/app","timeout":"-1s"}`, "postgres storage: timeout must be at least 10ms, got -1s"},
+		{"timeout beyond its ceiling", `{"dsn":"postgres://db/app","timeout":"2h"}`, "postgres storage: timeout must be at most 1m0s, got 2h0m0s"},
+		{"timeout near the int64 maximum", `{"dsn":"postgres://db/app","timeout":"2562047h"}`, "postgres storage: timeout must be at most 1m0s, got 2562047h0m0s"},
+		{"negative max_conns", `{"dsn":"postgres://db/app","max_conns":-1}`, "max_conns"},
+		{"max_conns beyond int32", `{"dsn":"postgres://db/app","max_conns":4294967296}`, "max_conns"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, _ := caddyContext(t)
+			h := fromJSON(t, tt.storage)
+			err := h.Provision(ctx)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("provision: %v, want an error mentioning %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "s3cret-pw") {
+				t.Fatalf("the error shows the password: %v", err)
+			}
+			if err := h.Cleanup(); err != nil {
+				t.Fatalf("cleanup of the half-provisioned handler: %v", err)
+			}
+		})
+	}
+}
+
+// TestPostgresDSNPlaceholderIsNeverWrittenBack resolves {env.*} in the DSN
+// while keeping the placeholder, not the secret, in the module's config
+// (which is what GET /config would show).
+func TestPostgresDSNPlaceholderIsNeverWrittenBack(t *testing.T) {
+	const secret = "pw-9f2c1e"
+	t.Setenv("IDEM_TEST_PG_PASSWORD", secret)
+	p := &Storage{DSN: "postgres://postgres:{env.IDEM_TEST_PG_PASSWORD}@127.0.0.1:1/test?sslmode=disable"}
+	ctx, _ := caddyContext(t)
+	if err := p.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cleanup()
+	if got := p.Store().(*pgstore.Store).Pool().Config().ConnConfig.Password; got != secret {
+		t.Fatalf("pool password %q, want the resolved placeholder", got)
+	}
+	out, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), secret) || !strings.Contains(string(out), "{env.IDEM_TEST_PG_PASSWORD}") {
+		t.Fatalf("marshalled config %s: want the placeholder, not the secret", out)
+	}
+}
+
+// TestPostgresPasswordWithBraces keeps a password's braces that are not a
+// known placeholder.
+func TestPostgresPasswordWithBraces(t *testing.T) {
+	p := &Storage{DSN: "host=127.0.0.1 port=1 user=postgres password=a{b}c dbname=test"}
+	ctx, _ := caddyContext(t)
+	if err := p.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cleanup()
+	if got := p.Store().(*pgstore.Store).Pool().Config().ConnConfig.Password; got != "a{b}c" {
+		t.Fatalf("pool password %q, want a{b}c", got)
+	}
+}
+
+// TestPostgresDurationBoundsAreInclusive provisions every duration option
+// at its floor and at its ceiling.
+func TestPostgresDurationBoundsAreInclusive(t *testing.T) {
+	for _, storage := range []string{
+		`"timeout":"10ms","cleanup_interval":"1s"`,
+		`"timeout":"1m","cleanup_interval":"720h"`,
+	} {
+		ctx, _ := caddyContext(t)
+		p := fromJSON(t, `{"dsn":"postgres://postgres@127.0.0.1:1/test",`+storage+`}`)
+		if err := p.Provision(ctx); err != nil {
+			t.Fatalf("%s: %v", storage, err)
+		}
+		if p.Store() == nil {
+			t.Fatalf("%s: no store", storage)
+		}
+		p.Cleanup()
+	}
+}
+
+// caddyContext is a Caddy context for provisioning modules, cancelled
+// (its modules cleaned up) after the test.
+func caddyContext(t *testing.T) (caddy.Context, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	return ctx, cancel
+}
+
+// fromJSON decodes a postgres storage config as Caddy would.
+func fromJSON(t *testing.T, config string) *Storage {
+	t.Helper()
+	p := new(Storage)
+	if err := caddy.StrictUnmarshalJSON([]byte(config), p); err != nil {
+		t.Fatalf("decoding %s: %v", config, err)
+	}
+	return p
+}

@@ -1,0 +1,120 @@
+package backend
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
+)
+
+// defaultReplayCacheTTL bounds how long a cached record is served before
+// the shared store is asked again.
+const defaultReplayCacheTTL = 10 * time.Second
+
+// The bounds of the replay cache's ttl. Below a second the cache saves
+// next to nothing (retries come seconds apart), and such a value is most
+// likely a unit mix-up (a JSON duration given as a bare number is
+// nanoseconds); beyond a day an instance may go on replaying a record
+// deleted elsewhere for longer than records are usually kept at all.
+const (
+	minReplayCacheTTL = time.Second
+	maxReplayCacheTTL = 24 * time.Hour
+)
+
+// ReplayCache keeps completed records in this Caddy process in front of a
+// shared store (Redis, PostgreSQL), so that repeated replays of a key cost
+// no store round trip. Completed records never change, so a cached replay
+// is the stored one; but a record deleted on another instance (through the
+// admin API) is still replayed here until the entry's ttl ends. Off unless
+// configured.
+type ReplayCache struct {
+	// The most records kept, oldest dropped first. Required.
+	MaxEntries int `json:"max_entries,omitempty"`
+
+	// How long a cached record is served before the store is asked again
+	// (never beyond the record's own expiry). Default: 10s; 1s to 24h.
+	TTL caddy.Duration `json:"ttl,omitempty"`
+}
+
+// Options returns the cache's settings, defaults filled in; nil when
+// there is no cache.
+func (rc *ReplayCache) Options() *cache.Options {
+	if rc == nil {
+		return nil
+	}
+	ttl := time.Duration(rc.TTL)
+	if ttl == 0 {
+		ttl = defaultReplayCacheTTL
+	}
+	return &cache.Options{MaxEntries: rc.MaxEntries, TTL: ttl}
+}
+
+// Check reports configuration errors; prefix names the backend ("redis
+// storage"). A nil cache is none, and fine.
+func (rc *ReplayCache) Check(prefix string) error {
+	switch {
+	case rc == nil:
+		return nil
+	case rc.MaxEntries <= 0:
+		return fmt.Errorf("%s: replay_cache: max_entries must be positive, got %d", prefix, rc.MaxEntries)
+	case rc.TTL != 0 && rc.TTL < caddy.Duration(minReplayCacheTTL):
+		return fmt.Errorf("%s: replay_cache: ttl must be at least %s, got %s", prefix, minReplayCacheTTL, time.Duration(rc.TTL))
+	case rc.TTL > caddy.Duration(maxReplayCacheTTL):
+		return fmt.Errorf("%s: replay_cache: ttl must be at most %s, got %s", prefix, maxReplayCacheTTL, time.Duration(rc.TTL))
+	}
+	return nil
+}
+
+// Wrap puts the cache described by opts (see Options) in front of s; a
+// nil opts returns s.
+func Wrap(s storage.Store, opts *cache.Options) storage.Store {
+	if opts == nil {
+		return s
+	}
+	return cache.New(s, *opts)
+}
+
+// ParseReplayCache parses the arguments of `replay_cache <max_entries>
+// [<ttl>]`, the dispenser on the option's name; the values are checked
+// by ReplayCache.Check.
+func ParseReplayCache(d *caddyfile.Dispenser) (*ReplayCache, error) {
+	args := d.RemainingArgs()
+	if len(args) < 1 || len(args) > 2 {
+		return nil, d.ArgErr()
+	}
+	rc := new(ReplayCache)
+	n, err := strconv.Atoi(args[0])
+	if err != nil {
+		return nil, d.Errf("replay_cache: max_entries must be an integer, got '%s'", args[0])
+	}
+	rc.MaxEntries = n
+	if len(args) == 2 {
+		ttl, err := caddy.ParseDuration(args[1])
+		if err != nil {
+			return nil, d.Errf("replay_cache: invalid ttl '%s': %v", args[1], err)
+		}
+		rc.TTL = caddy.Duration(ttl)
+	}
+	return rc, nil
+}
+
+// CheckDuration reports a duration option outside [lo, hi] as "name must
+// be at least lo, got v"; zero is the default, and fine. A bare JSON
+// number is nanoseconds, so the floor catches a unit mix-up and the
+// ceiling an overflow.
+func CheckDuration(name string, v, lo, hi caddy.Duration) error {
+	switch {
+	case v == 0:
+		return nil
+	case v < lo:
+		return fmt.Errorf("%s must be at least %s, got %s", name, time.Duration(lo), time.Duration(v))
+	case v > hi:
+		return fmt.Errorf("%s must be at most %s, got %s", name, time.Duration(hi), time.Duration(v))
+	}
+	return nil
+}

@@ -1,0 +1,159 @@
+// Package cfargs reads the arguments of Caddyfile options for the
+// idempotency handler and its built-in storage backends.
+package cfargs
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/dustin/go-humanize"
+)
+
+// The Caddyfile parsers keep to syntax: each reads its block with
+// EachOption and the argument helpers below, and leaves the rules on
+// values to the config type's check, which EachOption runs after every
+// option so that an invalid value is reported at its own line.
+
+// EachOption calls parse for each option of the block after the current
+// token, then check on what is parsed so far (nil: none). It rejects an
+// option given twice; what names the block in that error (e.g. "redis
+// storage "), and seen may hold options already given on the line before
+// the block.
+func EachOption(d *caddyfile.Dispenser, what string, seen map[string]bool, parse func(opt string) error, check func() error) error {
+	if seen == nil {
+		seen = make(map[string]bool)
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("%s%s already specified", what, opt)
+		}
+		seen[opt] = true
+		if err := parse(opt); err != nil {
+			return err
+		}
+		if check == nil {
+			continue
+		}
+		if err := check(); err != nil {
+			return d.Err(err.Error())
+		}
+	}
+	return nil
+}
+
+// NoArgs fails when the current line has arguments left.
+func NoArgs(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// StringArg reads exactly one non-empty argument.
+func StringArg(d *caddyfile.Dispenser, dst *string) error {
+	opt := d.Val()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	if d.Val() == "" {
+		return d.Errf("%s must not be empty", opt)
+	}
+	*dst = d.Val()
+	return NoArgs(d)
+}
+
+// ArgsList reads one or more arguments.
+func ArgsList(d *caddyfile.Dispenser, dst *[]string) error {
+	if *dst = d.RemainingArgs(); len(*dst) == 0 {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// OneOfArg reads exactly one argument, which must be one of allowed.
+func OneOfArg(d *caddyfile.Dispenser, dst *string, allowed ...string) error {
+	if err := OneOfArgs(d, dst, allowed...); err != nil {
+		return err
+	}
+	return NoArgs(d)
+}
+
+// OneOfArgs reads an argument that must be one of allowed, and leaves
+// the line's other arguments to the caller.
+func OneOfArgs(d *caddyfile.Dispenser, dst *string, allowed ...string) error {
+	opt := d.Val()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	for _, a := range allowed {
+		if *dst == a {
+			return nil
+		}
+	}
+	return d.Errf("%s must be one of %s, got '%s'", opt, strings.Join(allowed, ", "), *dst)
+}
+
+// BoolArg reads exactly one argument, true or false.
+func BoolArg(d *caddyfile.Dispenser, dst **bool) error {
+	var v string
+	if err := OneOfArg(d, &v, "true", "false"); err != nil {
+		return err
+	}
+	b := v == "true"
+	*dst = &b
+	return nil
+}
+
+// DurationArg reads one positive Caddy duration ("30s", "1d").
+func DurationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	opt := d.Val()
+	var s string
+	if err := StringArg(d, &s); err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return d.Errf("%s: invalid duration '%s': %v", opt, s, err)
+	}
+	if dur <= 0 {
+		return d.Errf("%s must be positive, got '%s'", opt, s)
+	}
+	*dst = caddy.Duration(dur)
+	return nil
+}
+
+// IntArg reads one positive integer.
+func IntArg(d *caddyfile.Dispenser, dst *int) error {
+	return ParsedArg(d, dst, "a positive integer", func(s string) (int, bool) {
+		n, err := strconv.Atoi(s)
+		return n, err == nil && n > 0
+	})
+}
+
+// SizeArg reads one positive size ("1MiB", "512KB", "1048576").
+func SizeArg(d *caddyfile.Dispenser, dst *int64) error {
+	return ParsedArg(d, dst, "a positive size such as 1MiB", func(s string) (int64, bool) {
+		n, err := humanize.ParseBytes(s)
+		return int64(n), err == nil && n > 0 && n <= 1<<40
+	})
+}
+
+// ParsedArg reads exactly one argument that parse accepts; what names
+// the accepted values in the error.
+func ParsedArg[T any](d *caddyfile.Dispenser, dst *T, what string, parse func(string) (T, bool)) error {
+	opt := d.Val()
+	var s string
+	if err := StringArg(d, &s); err != nil {
+		return err
+	}
+	v, ok := parse(s)
+	if !ok {
+		return d.Errf("%s must be %s, got '%s'", opt, what, s)
+	}
+	*dst = v
+	return nil
+}
