@@ -407,7 +407,7 @@ func (h *Handler) check() error {
 		{"lock_timeout", h.LockTimeout, minLockTimeout, maxLockTimeout},
 		{"wait_timeout", h.WaitTimeout, minWaitTimeout, maxWaitTimeout},
 	} {
-		if err := checkDuration(d.name, d.v, d.min, d.max); err != nil {
+		if err := backend.CheckDuration(d.name, d.v, d.min, d.max); err != nil {
 			return err
 		}
 	}
@@ -482,20 +482,6 @@ func (h *Handler) check() error {
 // servers shut down gracefully, without a deadline), and those requests
 // must still complete or release their keys.
 func (h *Handler) Cleanup() error {
-	return nil
-}
-
-// checkDuration reports a duration option outside [lo, hi]; zero is the
-// default, and fine.
-func checkDuration(name string, v, lo, hi caddy.Duration) error {
-	switch {
-	case v == 0:
-		return nil
-	case v < lo:
-		return fmt.Errorf("%s must be at least %s, got %s", name, time.Duration(lo), time.Duration(v))
-	case v > hi:
-		return fmt.Errorf("%s must be at most %s, got %s", name, time.Duration(hi), time.Duration(v))
-	}
 	return nil
 }
 

@@ -190,11 +190,11 @@ func (p *Storage) check() error {
 	if p.MaxConns < 0 || p.MaxConns > math.MaxInt32 {
 		return fmt.Errorf("postgres storage: max_conns must be a positive number, got %d", p.MaxConns)
 	}
-	if err := durationWithin("cleanup_interval", p.CleanupInterval, minCleanupInterval, maxCleanupInterval); err != nil {
-		return err
+	if err := backend.CheckDuration("cleanup_interval", p.CleanupInterval, caddy.Duration(minCleanupInterval), caddy.Duration(maxCleanupInterval)); err != nil {
+		return fmt.Errorf("postgres storage: %w", err)
 	}
-	if err := durationWithin("timeout", p.Timeout, minPostgresTimeout, maxPostgresTimeout); err != nil {
-		return err
+	if err := backend.CheckDuration("timeout", p.Timeout, caddy.Duration(minPostgresTimeout), caddy.Duration(maxPostgresTimeout)); err != nil {
+		return fmt.Errorf("postgres storage: %w", err)
 	}
 	if p.Table != "" {
 		if _, err := pgstore.Schema(p.Table); err != nil {
@@ -202,18 +202,6 @@ func (p *Storage) check() error {
 		}
 	}
 	return p.ReplayCache.Check("postgres storage")
-}
-
-// durationWithin reports a duration option outside [lo, hi], in the
-// handler's words for ttl; zero is the default and always fits.
-func durationWithin(name string, d caddy.Duration, lo, hi time.Duration) error {
-	switch {
-	case d != 0 && time.Duration(d) < lo:
-		return fmt.Errorf("postgres storage: %s must be at least %s, got %s", name, lo, time.Duration(d))
-	case time.Duration(d) > hi:
-		return fmt.Errorf("postgres storage: %s must be at most %s, got %s", name, hi, time.Duration(d))
-	}
-	return nil
 }
 
 // logCleanup reports the periodic cleanups of a pool. The pool outlives
