@@ -92,34 +92,23 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 		s.bytes.Add(cost)
 		s.growScope(scope, cost, false)
 	}
-	sh, id := s.shardFor(key)
 	now := s.now()
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.m[id]
-	if e == nil || !e.owns(token) {
+	err := s.fenced(key, token, func(_ *shard, _ recordID, e *entry) {
+		e.expires = after(now, ttl)
+		e.resp, e.detail = enc, detail
+		e.token = 0
+		e.wake()
+	})
+	if err != nil {
 		s.bytes.Add(-cost)
 		s.forgetScope(scope, 0, cost)
-		return storage.ErrLeaseLost
 	}
-	e.expires = after(now, ttl)
-	e.resp, e.detail = enc, detail
-	e.token = 0
-	e.wake()
-	return nil
+	return err
 }
 
 // Release implements storage.Store.
 func (s *Store) Release(_ context.Context, key storage.Key, token storage.Token) error {
-	sh, id := s.shardFor(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.m[id]
-	if e == nil || !e.owns(token) {
-		return storage.ErrLeaseLost
-	}
-	s.remove(sh, id, e)
-	return nil
+	return s.fenced(key, token, s.remove)
 }
 
 // Renew implements storage.Store.
@@ -127,15 +116,24 @@ func (s *Store) Renew(_ context.Context, key storage.Key, token storage.Token, l
 	if lease <= 0 {
 		return fmt.Errorf("memory: renew: %w: lease %v is not positive", storage.ErrInvalid, lease)
 	}
-	sh, id := s.shardFor(key)
 	now := s.now()
+	return s.fenced(key, token, func(_ *shard, _ recordID, e *entry) {
+		e.expires = after(now, lease)
+	})
+}
+
+// fenced runs fn on key's entry under its shard's lock if token still
+// holds the entry's lease, and returns storage.ErrLeaseLost without
+// calling fn otherwise: the fencing of Complete, Release and Renew.
+func (s *Store) fenced(key storage.Key, token storage.Token, fn func(sh *shard, id recordID, e *entry)) error {
+	sh, id := s.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[id]
 	if e == nil || !e.owns(token) {
 		return storage.ErrLeaseLost
 	}
-	e.expires = after(now, lease)
+	fn(sh, id, e)
 	return nil
 }
 
