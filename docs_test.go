@@ -519,3 +519,49 @@ func TestDocExampleCaddyfilesAreFormattedAndAdapt(t *testing.T) {
 		}
 	}
 }
+
+// codeDocCitation matches a Markdown file named in a Go comment:
+// "docs/guarantees.md", "CONTRIBUTING.md".
+var codeDocCitation = regexp.MustCompile(`(?:^|[\s(\x60])((?:[\w.-]+/)*[\w.-]+\.md)\b`)
+
+// TestCodeCommentsCiteDocsThatExist checks that every Markdown page a
+// comment in the Go code names is a file of the repository (relative to
+// the root or to the commenting file): comments once cited a design
+// document that never was in it.
+func TestCodeCommentsCiteDocsThatExist(t *testing.T) {
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "bin") && path != "." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(src), "\n") {
+			_, comment, ok := strings.Cut(line, "//")
+			if !ok {
+				continue
+			}
+			for _, m := range codeDocCitation.FindAllStringSubmatch(comment, -1) {
+				cited := m[1]
+				if _, err := os.Stat(cited); err == nil {
+					continue
+				}
+				if _, err := os.Stat(filepath.Join(filepath.Dir(path), cited)); err == nil {
+					continue
+				}
+				t.Errorf("%s:%d cites %s, which is not in the repository", path, i+1, cited)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

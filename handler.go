@@ -38,8 +38,9 @@ const (
 var errStoreClosed = errors.New("the idempotency store of this configuration is closed")
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler: the request flow of
-// DESIGN.md, one function per answer the client can get. Observe mode has
-// its flow of its own (observe.go).
+// docs/guarantees.md. What happened to the request is classified once
+// (answer.go); the mode decides what to do with that answer (enforce
+// below, observe in observe.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !slices.Contains(h.methods, r.Method) {
 		return next.ServeHTTP(w, r)
@@ -49,73 +50,114 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// An outer enforcing idempotency handler owns this request's key.
 		return next.ServeHTTP(w, r)
 	}
-	if h.observing {
-		if _, seen := repl.Get(placeholderObservedKeyHash); seen {
-			return next.ServeHTTP(w, r) // an outer observer classifies it
-		}
-		return h.observe(w, r, next, repl)
+	if _, seen := repl.Get(placeholderObservedKeyHash); seen && h.observing {
+		return next.ServeHTTP(w, r) // an outer observer classifies it
 	}
 
+	x := exchange{h: h, w: w, r: r, next: next, repl: repl}
 	k, ref := h.keyRequest(r, repl)
 	if k != nil {
 		defer k.done() // after the next handler: it may read the body
 	}
+	x.k = k
 	if ref != nil {
-		return h.refuse(w, r, next, repl, ref)
+		return x.act(h.refusalAnswer(ref))
 	}
-
 	res, err := h.reserve(r.Context(), k.key, k.fp)
 	if err != nil {
-		return h.storeFailed(w, r, next, repl, k.key, err)
+		return x.act(h.storeErrorAnswer(err))
 	}
-	how := outcomeReplayed
-	if res.Outcome == storage.Conflict {
+	replayed := outcomeReplayed
+	if res.Outcome == storage.Conflict && !h.observing {
 		if wait, asked := h.waitFor(r); wait > 0 && h.enterWait() {
-			how = outcomeWaited
+			replayed = outcomeWaited
 			if asked {
 				w.Header().Set("Preference-Applied", preferenceApplied(wait))
 			}
 			res, err = h.await(r.Context(), k.key, k.fp, res, wait)
 			h.leaveWait()
 			if err != nil {
-				return h.storeFailed(w, r, next, repl, k.key, err)
+				return x.act(h.storeErrorAnswer(err))
 			}
 		}
 	}
-
-	switch res.Outcome {
-	case storage.Acquired:
-		return h.execute(w, r, next, repl, k, res.Token)
-	case storage.Mismatch:
-		return h.mismatch(w, r, repl, k, res.Record)
-	case storage.Conflict:
-		w.Header().Set("Retry-After", conflictRetryAfter)
-		return h.reject(w, r, repl, outcomeConflict, problemConflict,
-			"the first request with this key is still being processed; retry later")
-	case storage.Replay:
-		return h.replay(w, r, repl, res.Record, how)
-	}
-	return fmt.Errorf("idempotency store returned unknown outcome %d", res.Outcome)
+	x.res = res
+	return x.act(reservationAnswer(res.Outcome, replayed))
 }
 
-// refuse answers a request that could not be keyed.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, ref *refusal) error {
-	switch {
-	case ref.outcome == outcomePassed:
-		return h.pass(w, r, next, repl)
-	case errors.Is(ref.err, errStoreClosed):
-		return h.storeFailed(w, r, next, repl, storage.Key{}, ref.err)
-	case ref.err != nil:
-		return ref.err // a body that could not be read: Caddy answers
+// exchange is one request on its way through the handler.
+type exchange struct {
+	h    *Handler
+	w    http.ResponseWriter
+	r    *http.Request
+	next caddyhttp.Handler
+	repl *caddy.Replacer
+	k    *keyedRequest       // nil when the request could not be keyed
+	res  storage.Reservation // what the store said of the key
+}
+
+// act carries out the answer in the handler's mode.
+func (x *exchange) act(a answer) error {
+	if x.h.observing {
+		return x.observe(a)
 	}
-	return h.reject(w, r, repl, ref.outcome, ref.problem, ref.detail)
+	return x.enforce(a)
+}
+
+// enforce carries out the answer of enforce mode.
+func (x *exchange) enforce(a answer) error {
+	h := x.h
+	if a.level != logNone {
+		fields := []zap.Field{zap.String("key_hash", x.keyHash())}
+		if a.err != nil {
+			fields = append(fields, zap.String("backend", h.backendName), zap.Error(a.err))
+		}
+		h.logger.Log(a.level, a.msg, fields...)
+	}
+	switch a.act {
+	case actRun:
+		return x.execute(x.res.Token)
+	case actReplay:
+		return x.replay(x.res.Record, a.outcome)
+	case actPass:
+		if a.outcome == outcomePassed {
+			return x.pass()
+		}
+		x.settle(a.outcome) // fail_open
+		return x.next.ServeHTTP(x.w, x.r)
+	case actFail:
+		return a.err
+	}
+	if a.retryAfter != "" {
+		x.w.Header().Set("Retry-After", a.retryAfter)
+	}
+	var differs []string
+	if a.outcome == outcomeMismatch {
+		a.detail, differs = h.mismatchDetail(x.r, x.k, x.res.Record)
+	}
+	x.settle(a.outcome)
+	x.repl.Set(placeholderProblem, a.problem.typeURI())
+	if h.Errors == errorsHandleErrors {
+		// The problem goes to the site's error routes instead.
+		return caddyhttp.Error(a.problem.status, errors.New(a.detail))
+	}
+	return writeProblem(x.w, h.DocsURL, a.problem, a.detail, differs)
+}
+
+// keyHash is the key hash of the request's key, "" before it has one.
+func (x *exchange) keyHash() string {
+	if x.k == nil || x.k.key.ID == "" {
+		return ""
+	}
+	return x.k.key.Hash()
 }
 
 // execute runs the next handler for the request that owns its key,
 // streams the response to the client while recording it, then completes
 // or releases the record.
-func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, k *keyedRequest, token storage.Token) error {
-	h.settle(r, repl, outcomeNew)
+func (x *exchange) execute(token storage.Token) error {
+	h, w, r, k := x.h, x.w, x.r, x.k
+	x.settle(outcomeNew)
 	metrics.inFlight.Inc()
 	defer metrics.inFlight.Dec()
 	// What a later 422 needs to tell what differs; taken before the next
@@ -146,7 +188,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 			h.finish(withLease(r.Context(), l), k.key, token, rec, detail, "the handler panicked")
 		}
 	}()
-	err := next.ServeHTTP(rec, r)
+	err := x.next.ServeHTTP(rec, r)
 	finished = true
 	failure := ""
 	switch {
@@ -208,8 +250,9 @@ func (h *Handler) finish(ctx context.Context, key storage.Key, token storage.Tok
 // replay answers with a recorded response: the headers the outer handlers
 // set for the current request (CORS, request ids), changed as the inner
 // handlers changed them the first time, the body, and the trailers.
-func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, rec *storage.Record, how outcome) error {
-	h.settle(r, repl, how)
+func (x *exchange) replay(rec *storage.Record, how outcome) error {
+	h, w, r := x.h, x.w, x.r
+	x.settle(how)
 	traceReplay(r.Context(), rec)
 	resp := rec.Response
 	hdr := w.Header()
@@ -236,16 +279,16 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	return nil
 }
 
-// mismatch answers a request that reuses a key for another request with a
-// 422 that names what differs (never a value), when the record says.
-func (h *Handler) mismatch(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, k *keyedRequest, rec *storage.Record) error {
-	detail := fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.Header)
+// mismatchDetail is the detail of a 422 for a request that reuses a key
+// for another request, naming what differs (never a value) when the
+// record says.
+func (h *Handler) mismatchDetail(r *http.Request, k *keyedRequest, rec *storage.Record) (string, []string) {
 	differs := h.differs(r, k, rec)
 	if len(differs) > 0 {
-		detail = fmt.Sprintf("this %s was already used for a request that differs in %s; use a new key for a new operation",
-			h.Header, strings.Join(differs, ", "))
+		return fmt.Sprintf("this %s was already used for a request that differs in %s; use a new key for a new operation",
+			h.Header, strings.Join(differs, ", ")), differs
 	}
-	return h.rejectWith(w, r, repl, outcomeMismatch, problemMismatch, detail, differs)
+	return fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.Header), nil
 }
 
 // differs names the parts of the request that differ from the recorded
@@ -260,51 +303,6 @@ func (h *Handler) differs(r *http.Request, k *keyedRequest, rec *storage.Record)
 		return nil
 	}
 	return d
-}
-
-// storeFailed answers when the store could not be used.
-func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, key storage.Key, err error) error {
-	switch {
-	case errors.Is(err, storage.ErrScopeFull):
-		h.logger.Warn("a client holds as many idempotency keys as it may; rejecting a new key", zap.String("key_hash", key.Hash()))
-		w.Header().Set("Retry-After", storeFullRetryAfter)
-		return h.reject(w, r, repl, outcomeTooManyKeys, problemTooManyKeys,
-			"too many keys in flight or recorded for this client; retry later")
-	case errors.Is(err, storage.ErrFull):
-		h.logger.Error("idempotency store is full; rejecting a new key", zap.String("key_hash", key.Hash()))
-		w.Header().Set("Retry-After", storeFullRetryAfter)
-		return h.reject(w, r, repl, outcomeStoreError, problemStoreFull,
-			"too many requests are being tracked; retry later")
-	case h.OnStorageError == failOpen && storage.Unavailable(err):
-		// Only a store that cannot be reached or is too slow is passed
-		// by: an error that proves it answered (a corrupt record, a
-		// refused write) fails closed.
-		h.logger.Warn("idempotency store unavailable; passing the request on without idempotency (fail_open)",
-			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
-		h.settle(r, repl, outcomeStoreError)
-		return next.ServeHTTP(w, r)
-	}
-	h.logger.Error("idempotency store unavailable; rejecting the request (fail_closed)",
-		zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
-	w.Header().Set("Retry-After", storeDownRetryAfter)
-	return h.reject(w, r, repl, outcomeStoreError, problemStoreDown,
-		"the request was not processed; retry later with the same key")
-}
-
-// reject answers with a problem and records the outcome.
-func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, o outcome, p problem, detail string) error {
-	return h.rejectWith(w, r, repl, o, p, detail, nil)
-}
-
-// rejectWith is reject with the differs of a 422. With errors
-// handle_errors the problem goes to the site's error routes instead.
-func (h *Handler) rejectWith(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, o outcome, p problem, detail string, differs []string) error {
-	h.settle(r, repl, o)
-	repl.Set(placeholderProblem, p.typeURI())
-	if h.Errors == errorsHandleErrors {
-		return caddyhttp.Error(p.status, errors.New(detail))
-	}
-	return writeProblem(w, h.DocsURL, p, detail, differs)
 }
 
 // reserve claims key for this request. A reservation that an earlier

@@ -1,9 +1,6 @@
 package idempotency
 
 import (
-	"net/http"
-
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -69,10 +66,11 @@ const (
 	placeholderSettled = "http.idempotency.settled"
 )
 
-// settle records how the handler answered a request: in the
+// settle records how the handler answered the request: in the
 // {http.idempotency.outcome} placeholder, the requests counter, the access
 // log and a debug log.
-func (h *Handler) settle(r *http.Request, repl *caddy.Replacer, o outcome) {
+func (x *exchange) settle(o outcome) {
+	h, r, repl := x.h, x.r, x.repl
 	repl.Set(placeholderOutcome, string(o))
 	if !h.observing {
 		repl.Set(placeholderSettled, true)
@@ -106,9 +104,10 @@ func (h *Handler) settle(r *http.Request, repl *caddy.Replacer, o outcome) {
 // included): the request counts as passed only if no enforcing handler
 // took it, and only once however many handlers passed it on. An observing
 // handler counts what it saw on its own (observed_total).
-func (h *Handler) pass(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer) error {
+func (x *exchange) pass() error {
+	h, w, r, next, repl := x.h, x.w, x.r, x.next, x.repl
 	if h.observing {
-		h.settle(r, repl, outcomePassed)
+		x.settle(outcomePassed)
 		return next.ServeHTTP(w, r)
 	}
 	if _, outer := repl.Get(placeholderPassing); outer {
@@ -117,7 +116,7 @@ func (h *Handler) pass(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	repl.Set(placeholderPassing, true)
 	err := next.ServeHTTP(w, r)
 	if _, settled := repl.Get(placeholderSettled); !settled {
-		h.settle(r, repl, outcomePassed)
+		x.settle(outcomePassed)
 	}
 	return err
 }

@@ -16,7 +16,7 @@ import (
 
 // A handler that panics after it has sent its status has had its effect:
 // the key is kept, and the retry replays the status without the body
-// (DESIGN.md, request flow 7). Caddy's reverse_proxy does exactly that
+// (docs/guarantees.md). Caddy's reverse_proxy does exactly that
 // (panic(http.ErrAbortHandler)) when an upstream breaks off mid-body; so
 // can any handler, with any value. A panic before any status frees the
 // key. This runs a whole Caddy config in this process, with a test-only

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// Floors (DESIGN.md, Configuration): lock_timeout and ttl are at least
+// Floors (docs/caddyfile.md, Subdirectives): lock_timeout and ttl are at least
 // 1s. A lease of a nanosecond lapses before the request that holds it has
 // started, and a record kept for a nanosecond is never replayed: both
 // would silently run every retry again, so `caddy validate` refuses them,

@@ -16,7 +16,7 @@ import (
 )
 
 // Failure paths after the upstream has answered: the effect happened
-// once, so the key is never freed again (DESIGN.md, request flow 7). An
+// once, so the key is never freed again (docs/guarantees.md). An
 // upstream that breaks off mid-body, and a client that hangs up, leave a
 // record of the status and headers; every retry replays it and the
 // upstream never runs twice.

@@ -3,7 +3,7 @@ package e2e
 import "testing"
 
 // Bodies are compared by meaning only when they are declared as JSON
-// (DESIGN.md, request flow 6); every other body byte for byte. A CSV
+// (docs/caddyfile.md, Fingerprints); every other body byte for byte. A CSV
 // "100" and "1e2" are two different requests, though both parse as the
 // same JSON number.
 func TestOnlyBodiesDeclaredAsJSONAreComparedByMeaning(t *testing.T) {

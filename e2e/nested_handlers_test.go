@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// Nested handlers (DESIGN.md, request flow 1): the outermost idempotency
+// Nested handlers (docs/caddyfile.md, Directive order and `route`): the outermost idempotency
 // handler that takes a key owns the request, but a request the outer one
 // only passed through (no key) gets the inner handler's rules: a route
 // that requires keys inside a site that does not still requires them.

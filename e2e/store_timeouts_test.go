@@ -17,8 +17,8 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
-// A store that answers too slowly is a store that is down (DESIGN.md,
-// request flow 9): every store call has a deadline, after which
+// A store that answers too slowly is a store that is down
+// (docs/guarantees.md): every store call has a deadline, after which
 // fail_closed answers 503 with Retry-After and fail_open passes the
 // request on. And a call that timed out leaves nothing behind: when the
 // store catches up, the key is free, not held by a reservation that

@@ -1,0 +1,102 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// act is what enforce mode does with a request.
+type act uint8
+
+const (
+	actRun    act = iota // the request owns its key: run the next handler and record its response
+	actReplay            // answer with the recorded response
+	actReject            // answer with a problem
+	actPass              // hand the request on without idempotency
+	actFail              // return the error to Caddy (a body that could not be read)
+)
+
+// answer is one row of the behaviour table (README, docs/guarantees.md):
+// what the handler makes of what happened to a request, decided in one
+// place for both modes. Enforce mode acts on it (exchange.enforce);
+// observe mode records its outcome and, but for actRun, hands the request
+// on as if the handler were absent (exchange.observe).
+type answer struct {
+	outcome outcome
+	act     act
+
+	// The problem of actReject, its detail and the Retry-After seconds
+	// ("" for none). The detail of a 422 is made when it is sent: it
+	// names what differs, which only enforce mode needs to work out.
+	problem    problem
+	detail     string
+	retryAfter string
+
+	// The handler's log line for a store failure, at level (logNone:
+	// none), with err.
+	level zapcore.Level
+	msg   string
+	err   error // also the error of actFail
+}
+
+// logNone marks an answer without a log line of its own.
+const logNone = zapcore.InvalidLevel
+
+// refusalAnswer is the answer to a request that could not be keyed.
+func (h *Handler) refusalAnswer(ref *refusal) answer {
+	switch {
+	case ref.outcome == outcomePassed:
+		return answer{outcome: outcomePassed, act: actPass, level: logNone}
+	case errors.Is(ref.err, errStoreClosed):
+		return h.storeErrorAnswer(ref.err)
+	case ref.err != nil:
+		return answer{outcome: ref.outcome, act: actFail, err: ref.err, level: logNone}
+	}
+	return answer{outcome: ref.outcome, act: actReject, problem: ref.problem, detail: ref.detail, level: logNone}
+}
+
+// storeErrorAnswer is the answer when the store could not be used.
+func (h *Handler) storeErrorAnswer(err error) answer {
+	switch {
+	case errors.Is(err, storage.ErrScopeFull):
+		return answer{outcome: outcomeTooManyKeys, act: actReject, problem: problemTooManyKeys,
+			detail: "too many keys in flight or recorded for this client; retry later", retryAfter: storeFullRetryAfter,
+			level: zapcore.WarnLevel, msg: "a client holds as many idempotency keys as it may; rejecting a new key"}
+	case errors.Is(err, storage.ErrFull):
+		return answer{outcome: outcomeStoreError, act: actReject, problem: problemStoreFull,
+			detail: "too many requests are being tracked; retry later", retryAfter: storeFullRetryAfter,
+			level: zapcore.ErrorLevel, msg: "idempotency store is full; rejecting a new key"}
+	case h.OnStorageError == failOpen && storage.Unavailable(err):
+		// Only a store that cannot be reached or is too slow is passed
+		// by: an error that proves it answered (a corrupt record, a
+		// refused write) fails closed.
+		return answer{outcome: outcomeStoreError, act: actPass, err: err,
+			level: zapcore.WarnLevel, msg: "idempotency store unavailable; passing the request on without idempotency (fail_open)"}
+	}
+	return answer{outcome: outcomeStoreError, act: actReject, problem: problemStoreDown,
+		detail: "the request was not processed; retry later with the same key", retryAfter: storeDownRetryAfter, err: err,
+		level: zapcore.ErrorLevel, msg: "idempotency store unavailable; rejecting the request (fail_closed)"}
+}
+
+// reservationAnswer is the answer to what the store said of the key;
+// replayed says how a replay came about (outcomeReplayed, or
+// outcomeWaited after a wait for the first request).
+func reservationAnswer(o storage.Outcome, replayed outcome) answer {
+	switch o {
+	case storage.Acquired:
+		return answer{outcome: outcomeNew, act: actRun, level: logNone}
+	case storage.Replay:
+		return answer{outcome: replayed, act: actReplay, level: logNone}
+	case storage.Conflict:
+		return answer{outcome: outcomeConflict, act: actReject, problem: problemConflict,
+			detail: "the first request with this key is still being processed; retry later", retryAfter: conflictRetryAfter, level: logNone}
+	case storage.Mismatch:
+		return answer{outcome: outcomeMismatch, act: actReject, problem: problemMismatch, level: logNone}
+	}
+	err := fmt.Errorf("idempotency store returned unknown outcome %d", o)
+	return answer{outcome: outcomeStoreError, act: actFail, err: err, level: logNone}
+}

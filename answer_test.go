@@ -1,0 +1,161 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+// situation is one thing that can happen to a request before the next
+// handler would run: a refusal of its key, a store failure, or what the
+// store said of the key.
+type situation struct {
+	name     string
+	failOpen bool
+	answer   func(h *Handler) answer
+}
+
+// situations lists every row of the answer table.
+func situations() []situation {
+	refused := func(ref refusal) func(*Handler) answer {
+		return func(h *Handler) answer { return h.refusalAnswer(&ref) }
+	}
+	storeErr := func(err error) func(*Handler) answer {
+		return func(h *Handler) answer { return h.storeErrorAnswer(err) }
+	}
+	reserved := func(o storage.Outcome, replayed outcome) func(*Handler) answer {
+		return func(*Handler) answer { return reservationAnswer(o, replayed) }
+	}
+	unavailable := fmt.Errorf("dial: %w", storage.ErrUnavailable)
+	return []situation{
+		{"no key, not required", false, refused(refusal{outcome: outcomePassed})},
+		{"no key, required", false, refused(refusal{outcome: outcomeMissing, problem: problemKeyMissing, detail: "d"})},
+		{"malformed key", false, refused(refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: "d"})},
+		{"body not JSON", false, refused(refusal{outcome: outcomeInvalid, problem: problemBodyNotJSON, detail: "d"})},
+		{"body too large", false, refused(refusal{outcome: outcomeTooLarge, problem: problemTooLarge, detail: "d"})},
+		{"body unreadable", false, refused(refusal{outcome: outcomeInvalid, err: errors.New("unexpected EOF")})},
+		{"store closed by a reload", false, refused(refusal{outcome: outcomeStoreError, err: errStoreClosed})},
+		{"client's share full", false, storeErr(storage.ErrScopeFull)},
+		{"store full", false, storeErr(storage.ErrFull)},
+		{"store full, fail_open", true, storeErr(storage.ErrFull)},
+		{"store unreachable", false, storeErr(unavailable)},
+		{"store unreachable, fail_open", true, storeErr(unavailable)},
+		{"store answered with an error, fail_open", true, storeErr(fmt.Errorf("decode: %w", storage.ErrCorrupt))},
+		{"new key", false, reserved(storage.Acquired, outcomeReplayed)},
+		{"completed key", false, reserved(storage.Replay, outcomeReplayed)},
+		{"completed key after a wait", false, reserved(storage.Replay, outcomeWaited)},
+		{"key in flight", false, reserved(storage.Conflict, outcomeReplayed)},
+		{"key reused for another request", false, reserved(storage.Mismatch, outcomeReplayed)},
+	}
+}
+
+// TestEveryOutcomeHasItsRowInBothModes acts on every row of the answer
+// table in enforce mode and in observe mode: every outcome comes from
+// some row; enforce mode answers each as the behaviour table says (a
+// problem with its status and Retry-After, a replay, the next handler);
+// observe mode records the same outcome and hands every request but a
+// new key's on to the next handler untouched.
+func TestEveryOutcomeHasItsRowInBothModes(t *testing.T) {
+	seen := map[outcome]bool{}
+	for _, s := range situations() {
+		t.Run(s.name, func(t *testing.T) {
+			for _, mode := range []string{modeEnforce, modeObserve} {
+				h := &Handler{Mode: mode}
+				if s.failOpen {
+					h.OnStorageError = failOpen
+				}
+				h = provision(t, h)
+				a := s.answer(h)
+				seen[a.outcome] = true
+				code, outcome, nextRan := actOn(t, h, a)
+
+				if mode == modeObserve {
+					if a.act == actRun {
+						continue // the first request runs as in enforce mode
+					}
+					if !nextRan || code != http.StatusTeapot || outcome != string(a.outcome) {
+						t.Errorf("observe: next ran %v, status %d, outcome %q; want the next handler's 418 and outcome %q", nextRan, code, outcome, a.outcome)
+					}
+					continue
+				}
+				switch a.act {
+				case actReject:
+					if nextRan || code != a.problem.status || outcome != string(a.outcome) {
+						t.Errorf("enforce: next ran %v, status %d, outcome %q; want %d and outcome %q", nextRan, code, outcome, a.problem.status, a.outcome)
+					}
+					if code != http.StatusBadRequest && code != http.StatusRequestEntityTooLarge && code != http.StatusUnprocessableEntity && a.retryAfter == "" {
+						t.Errorf("enforce: a %d without Retry-After", code)
+					}
+				case actPass, actRun:
+					if !nextRan || outcome != string(a.outcome) {
+						t.Errorf("enforce: next ran %v, outcome %q; want the next handler and outcome %q", nextRan, outcome, a.outcome)
+					}
+				case actReplay:
+					if nextRan || code != http.StatusCreated || outcome != string(a.outcome) {
+						t.Errorf("enforce: next ran %v, status %d, outcome %q; want the recorded 201 and outcome %q", nextRan, code, outcome, a.outcome)
+					}
+				case actFail:
+					if nextRan || code != http.StatusInternalServerError {
+						t.Errorf("enforce: next ran %v, status %d; want the error handed to Caddy", nextRan, code)
+					}
+				}
+			}
+		})
+	}
+	for _, o := range outcomes {
+		if !seen[o] {
+			t.Errorf("outcome %q has no row in the answer table", o)
+		}
+	}
+}
+
+// actOn acts on a in h's mode for a request with a fresh key, and
+// returns the status, the outcome placeholder and whether the next
+// handler ran.
+func actOn(t *testing.T, h *Handler, a answer) (code int, outcome string, nextRan bool) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	repl := caddy.NewReplacer()
+	r := caddyhttp.PrepareRequest(request("answer-"+hashHex(t.Name() + h.Mode)[:16], `{}`), repl, w, nil)
+	k, ref := h.keyRequest(r, repl)
+	if ref != nil {
+		t.Fatalf("keying the test request: %+v", ref)
+	}
+	defer k.done()
+	x := exchange{h: h, w: w, r: r, repl: repl, k: k}
+	x.next = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		nextRan = true
+		w.WriteHeader(http.StatusTeapot)
+		return nil
+	})
+	switch a.act {
+	case actRun:
+		res, err := h.store.Reserve(t.Context(), k.key, k.fp, time.Minute)
+		if err != nil || res.Outcome != storage.Acquired {
+			t.Fatalf("reserving the test key: %v %v", res.Outcome, err)
+		}
+		x.res = res
+	case actReplay, actReject:
+		x.res = storage.Reservation{Record: &storage.Record{State: storage.Completed, Response: &storage.Response{Status: http.StatusCreated}}}
+	}
+	err := x.act(a)
+	if err != nil {
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) {
+			w.WriteHeader(he.StatusCode)
+		} else {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}
+	outcome, _ = repl.GetString(placeholderOutcome)
+	return w.Code, strings.TrimSpace(outcome), nextRan
+}
