@@ -166,9 +166,9 @@ func finderOf(q map[string][]string) (finder, error) {
 		return nil, err
 	}
 	return func(r *http.Request, t liveStore, withBody, del bool) ([]foundRecord, error) {
-		rec, err := t.timed.Get(r.Context(), key, withBody)
+		rec, err := t.keeper.Get(r.Context(), key, withBody)
 		if err == nil && del {
-			err = t.timed.Delete(r.Context(), key)
+			err = t.keeper.Delete(r.Context(), key)
 		}
 		if errors.Is(err, storage.ErrNotFound) {
 			return nil, nil
@@ -247,29 +247,20 @@ func adminScopeHash(template string, values []string) (string, error) {
 	return hash, nil
 }
 
-// liveStore is a store of the pool, timed like the handlers' stores so
-// that the admin API's calls show in the latency histogram.
+// liveStore is a store of the pool, talked to through a keeper as the
+// handlers' stores are, so that the admin API's calls show in the latency
+// histogram and in traces.
 type liveStore struct {
 	id, backend string
-	store       storage.Store
-	timed       *timedStore
+	keeper      *keeper
 }
 
-// byHash finds (and with del deletes) the records whose key hash is kh.
+// byHash finds (and with del deletes) the records whose key hash is kh;
+// nothing in a store that cannot look records up by key hash.
 func (t liveStore) byHash(r *http.Request, kh string, withBody, del bool) ([]foundRecord, error) {
-	finder, ok := t.store.(storage.HashFinder)
-	if !ok {
-		return nil, nil // a third-party store that cannot: nothing found there
-	}
-	op := "get"
-	start, span := t.timed.begin(r.Context(), op)
-	recs, err := finder.GetByHash(r.Context(), kh, withBody)
-	t.timed.end(op, start, span, err)
+	recs, err := t.keeper.GetByHash(r.Context(), kh, withBody)
 	if err == nil && del && len(recs) > 0 {
-		op = "delete"
-		start, span = t.timed.begin(r.Context(), op)
-		_, err = finder.DeleteByHash(r.Context(), kh)
-		t.timed.end(op, start, span, err)
+		_, err = t.keeper.DeleteByHash(r.Context(), kh)
 	}
 	if err != nil {
 		return nil, err
@@ -286,7 +277,7 @@ func (t liveStore) byHash(r *http.Request, kh string, withBody, del bool) ([]fou
 func liveStores(id string) []liveStore {
 	var out []liveStore
 	for s := range backend.Live(id) {
-		out = append(out, liveStore{id: s.ID, backend: s.Backend, store: s.Store, timed: newTimedStore(s.Store, s.Backend)})
+		out = append(out, liveStore{id: s.ID, backend: s.Backend, keeper: newKeeper(s.Store, s.Backend)})
 	}
 	return out
 }

@@ -37,6 +37,13 @@ const (
 	choreTimeout = 30 * time.Second
 )
 
+// settler is the part of a store (observed, see keeper) that aftercare
+// writes to.
+type settler interface {
+	Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error
+	Release(ctx context.Context, key storage.Key, token storage.Token) error
+}
+
 // chore is one store write a request could not finish.
 type chore struct {
 	kind  choreKind
@@ -89,7 +96,7 @@ func (k choreKind) String() string {
 // failed request. It holds the store open meanwhile (a reload must not
 // close it under a pending write).
 type aftercare struct {
-	store  storage.Store
+	store  settler
 	hold   func() (release func(), ok bool)
 	logger *zap.Logger
 
@@ -289,7 +296,7 @@ func (a *aftercare) forgetFinished(now time.Time) {
 
 // do tries the write once. The built-in stores apply their own timeout;
 // choreTimeout keeps a store without one from stalling the worker.
-func (c *chore) do(store storage.Store) error {
+func (c *chore) do(store settler) error {
 	ctx, cancel := context.WithTimeout(context.Background(), choreTimeout)
 	defer cancel()
 	if c.kind == choreComplete {

@@ -125,7 +125,7 @@ func TestAWriteWaitingInAftercareKeepsItsLease(t *testing.T) {
 		t.Run(write, func(t *testing.T) {
 			h := isolated(t, &Handler{LockTimeout: caddy.Duration(time.Second)})
 			store := &failingStore{Store: h.store}
-			h.store, h.ops, h.waiter, h.aftercare.store = store, store, nil, store
+			h.useStore(store)
 			status := http.StatusCreated
 			if write == "release" {
 				status = http.StatusBadGateway // in release_on

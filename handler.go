@@ -8,12 +8,10 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -63,7 +61,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if ref != nil {
 		return x.act(h.refusalAnswer(ref))
 	}
-	res, err := h.reserve(r.Context(), k.key, k.fp)
+	res, err := h.keeper.reserve(r.Context(), k.key, k.fp)
 	if err != nil {
 		return x.act(h.storeErrorAnswer(err))
 	}
@@ -74,7 +72,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if asked {
 				w.Header().Set("Preference-Applied", preferenceApplied(wait))
 			}
-			res, err = h.await(r.Context(), k.key, k.fp, res, wait)
+			res, err = h.keeper.await(r.Context(), k.key, k.fp, res, wait)
 			h.leaveWait()
 			if err != nil {
 				return x.act(h.storeErrorAnswer(err))
@@ -163,7 +161,7 @@ func (x *exchange) execute(token storage.Token) error {
 	// What a later 422 needs to tell what differs; taken before the next
 	// handler reads the body.
 	detail := h.fingerprint.Detail(r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes())
-	l := holdLease(h.ops, h.logger, k.key, token, time.Duration(h.LockTimeout))
+	l := h.keeper.holdLease(k.key, token)
 	// Runs after the record is settled: the write that settles it keeps
 	// the lease alive, in aftercare if the store cannot take it at once.
 	defer l.stop()
@@ -228,13 +226,13 @@ func (h *Handler) finish(ctx context.Context, key storage.Key, token storage.Tok
 	status, header, body, omitted := rec.response()
 	switch {
 	case rec.hijacked:
-		h.release(ctx, key, token, "the connection was hijacked")
+		h.keeper.release(ctx, key, token, "the connection was hijacked")
 	case rec.invalid != 0 || !storage.ValidStatus(status):
-		h.release(ctx, key, token, fmt.Sprintf("invalid status %d", max(rec.invalid, status)))
+		h.keeper.release(ctx, key, token, fmt.Sprintf("invalid status %d", max(rec.invalid, status)))
 	case failure != "" && rec.status == 0:
-		h.release(ctx, key, token, failure)
+		h.keeper.release(ctx, key, token, failure)
 	case h.releaseOn.has(status):
-		h.release(ctx, key, token, fmt.Sprintf("status %d", status))
+		h.keeper.release(ctx, key, token, fmt.Sprintf("status %d", status))
 	default:
 		resp := &storage.Response{Status: status, Header: header, Body: body, BodyOmitted: omitted, Detail: detail}
 		if failure != "" {
@@ -243,7 +241,7 @@ func (h *Handler) finish(ctx context.Context, key storage.Key, token storage.Tok
 				zap.String("key_hash", key.Hash()), zap.Int("status", status), zap.String("failure", failure))
 		}
 		identityBody(resp, h.MaxResponseSize)
-		h.complete(ctx, key, token, resp)
+		h.keeper.complete(ctx, key, token, resp)
 	}
 }
 
@@ -303,89 +301,4 @@ func (h *Handler) differs(r *http.Request, k *keyedRequest, rec *storage.Record)
 		return nil
 	}
 	return d
-}
-
-// reserve claims key for this request. A reservation that an earlier
-// request of this handler abandoned (its Reserve failed, yet may have been
-// written) is released on the spot when it is what holds the key: the
-// client was told 503 and invited to retry. Store calls outlive the
-// client: a reservation made for a client that hung up mid-call must
-// still be answered for.
-func (h *Handler) reserve(ctx context.Context, key storage.Key, fp []byte) (storage.Reservation, error) {
-	ctx = context.WithoutCancel(ctx)
-	lease := time.Duration(h.LockTimeout)
-	res, err := h.ops.Reserve(ctx, key, fp, lease)
-	if err == nil && res.Outcome == storage.Conflict && h.aftercare.reclaim(key) {
-		res, err = h.ops.Reserve(ctx, key, fp, lease)
-	}
-	if err != nil {
-		h.abandon(key, res.Token, err)
-	}
-	return res, err
-}
-
-// complete records resp as the answer for key; if the store fails, it
-// keeps trying in the background, keeping the lease that ctx carries
-// alive meanwhile.
-func (h *Handler) complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response) {
-	l := leaseFrom(ctx)
-	l.settle()
-	err := h.ops.Complete(context.WithoutCancel(ctx), key, token, resp, time.Duration(h.TTL))
-	switch {
-	case err == nil:
-	case errors.Is(err, storage.ErrLeaseLost):
-		h.logger.Warn("idempotency lease was lost before the response could be recorded; a retry may run again",
-			zap.String("key_hash", key.Hash()))
-	case errors.Is(err, storage.ErrInvalid):
-		// Retrying a write the store refuses for what it is would only
-		// keep the key in flight for longer: its lease lapses.
-		h.logger.Error("the idempotency store refused the response; its key stays in flight until its lease lapses, and a retry after that runs again",
-			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
-	default:
-		h.logger.Error("recording idempotent response failed; retrying in the background",
-			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
-		h.aftercare.add(&chore{kind: choreComplete, key: key, token: token, resp: resp, ttl: time.Duration(h.TTL), until: h.aftercareDeadline(), lease: l.keep()})
-	}
-}
-
-// release frees key so that a retry runs again; if the store fails, it
-// keeps trying in the background, keeping the lease that ctx carries
-// alive meanwhile (so that retries get 409, as they would from a request
-// still running, until the key is free).
-func (h *Handler) release(ctx context.Context, key storage.Key, token storage.Token, why string) {
-	l := leaseFrom(ctx)
-	l.settle()
-	err := h.ops.Release(context.WithoutCancel(ctx), key, token)
-	switch {
-	case err == nil:
-		if c := h.logger.Check(zapcore.DebugLevel, "idempotency key released"); c != nil {
-			c.Write(zap.String("key_hash", key.Hash()), zap.String("reason", why))
-		}
-	case errors.Is(err, storage.ErrLeaseLost):
-		// Someone else holds the key now; nothing of ours to free.
-	default:
-		h.logger.Error("releasing idempotency key failed; retrying in the background",
-			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.String("reason", why), zap.Error(err))
-		h.aftercare.add(&chore{kind: choreRelease, key: key, token: token, until: h.aftercareDeadline(), lease: l.keep()})
-	}
-}
-
-// abandon removes, once the store answers again, the reservation that a
-// failed Reserve may have written after all (its outcome is unknown), so
-// that the retry the client was invited to make is not met by a 409 for
-// a whole lease.
-func (h *Handler) abandon(key storage.Key, token storage.Token, err error) {
-	if token == 0 || errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrScopeFull) {
-		return
-	}
-	h.aftercare.add(&chore{kind: choreAbandon, key: key, token: token, until: time.Now().Add(time.Duration(h.LockTimeout))})
-}
-
-// aftercareDeadline is how long a write that failed after the upstream ran
-// is retried, its lease renewed meanwhile: at least a lease, and a minute,
-// so that a store outage a renewal cannot bridge either ends with the
-// record written (the stores keep a lapsed in-flight record that nobody
-// took over and still let its owner complete it).
-func (h *Handler) aftercareDeadline() time.Time {
-	return time.Now().Add(max(time.Duration(h.LockTimeout), time.Minute))
 }

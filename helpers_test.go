@@ -10,10 +10,13 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
 // provision provisions and validates h as Caddy would; its context is
@@ -139,4 +142,11 @@ func problemOf(t *testing.T, w *httptest.ResponseRecorder) problemBody {
 // records counts what a handler's memory store holds.
 func records(h *Handler) int {
 	return h.store.(interface{ Len() int }).Len()
+}
+
+// useStore puts store under h in place of its backend's, as Provision
+// would have: h's keeper observes it, and aftercare writes to it.
+func (h *Handler) useStore(store storage.Store) {
+	h.store = store
+	h.keeper = newKeeper(store, h.backendName).forHandler(time.Duration(h.LockTimeout), time.Duration(h.TTL), h.logger, h.holdStore)
 }

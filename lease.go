@@ -55,8 +55,14 @@ func (wallClock) AfterFunc(d time.Duration, f func()) stopper { return time.Afte
 // that takes over the write when the store could not take it at once.
 // Renewal ends when the last holder stops, or when the store says the
 // lease is lost.
+// renewer is the part of a store (observed, see keeper) that renews
+// leases.
+type renewer interface {
+	Renew(ctx context.Context, key storage.Key, token storage.Token, lease time.Duration) error
+}
+
 type lease struct {
-	store   storage.Store
+	store   renewer
 	logger  *zap.Logger
 	clock   clock
 	key     storage.Key
@@ -77,11 +83,11 @@ type lease struct {
 
 // holdLease starts renewing the lease named by token on store; the caller
 // holds it until it calls stop.
-func holdLease(store storage.Store, logger *zap.Logger, key storage.Key, token storage.Token, length time.Duration) *lease {
+func holdLease(store renewer, logger *zap.Logger, key storage.Key, token storage.Token, length time.Duration) *lease {
 	return holdLeaseOn(wallClock{}, store, logger, key, token, length)
 }
 
-func holdLeaseOn(c clock, store storage.Store, logger *zap.Logger, key storage.Key, token storage.Token, length time.Duration) *lease {
+func holdLeaseOn(c clock, store renewer, logger *zap.Logger, key storage.Key, token storage.Token, length time.Duration) *lease {
 	every := length / renewals
 	l := &lease{store: store, logger: logger, clock: c, key: key, token: token, length: length,
 		every: every, timeout: every / 2, holders: 1}

@@ -1,19 +1,14 @@
 package idempotency
 
 import (
-	"context"
 	"errors"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/trace"
-
-	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
 // storeOps lists every value of the op label.
-var storeOps = []string{"reserve", "complete", "release", "renew", "get", "delete"}
+var storeOps = []string{"reserve", "complete", "release", "renew", "get", "delete", "wait"}
 
 // metrics are created once per process and registered on every config's
 // registry (Caddy makes a new registry per config), so counts carry across
@@ -72,74 +67,4 @@ func registerMetrics(reg *prometheus.Registry) error {
 		}
 	}
 	return nil
-}
-
-// timedStore measures each operation of a store in the latency histogram
-// and, when the request is traced, makes it a child span.
-type timedStore struct {
-	storage.Store
-	backend   string
-	observers map[string]prometheus.Observer
-}
-
-func newTimedStore(s storage.Store, backend string) *timedStore {
-	initMetrics()
-	t := &timedStore{Store: s, backend: backend, observers: make(map[string]prometheus.Observer, len(storeOps))}
-	for _, op := range storeOps {
-		t.observers[op] = metrics.storeDuration.WithLabelValues(backend, op)
-	}
-	return t
-}
-
-// begin starts timing (and tracing) op.
-func (t *timedStore) begin(ctx context.Context, op string) (time.Time, trace.Span) {
-	return time.Now(), startStoreSpan(ctx, op, t.backend)
-}
-
-// end records op, begun at start, with its error.
-func (t *timedStore) end(op string, start time.Time, span trace.Span, err error) {
-	t.observers[op].Observe(time.Since(start).Seconds())
-	endStoreSpan(span, err)
-}
-
-func (t *timedStore) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
-	start, span := t.begin(ctx, "reserve")
-	res, err := t.Store.Reserve(ctx, key, fp, lease)
-	t.end("reserve", start, span, err)
-	return res, err
-}
-
-func (t *timedStore) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
-	start, span := t.begin(ctx, "complete")
-	err := t.Store.Complete(ctx, key, token, resp, ttl)
-	t.end("complete", start, span, err)
-	return err
-}
-
-func (t *timedStore) Release(ctx context.Context, key storage.Key, token storage.Token) error {
-	start, span := t.begin(ctx, "release")
-	err := t.Store.Release(ctx, key, token)
-	t.end("release", start, span, err)
-	return err
-}
-
-func (t *timedStore) Renew(ctx context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
-	start, span := t.begin(ctx, "renew")
-	err := t.Store.Renew(ctx, key, token, lease)
-	t.end("renew", start, span, err)
-	return err
-}
-
-func (t *timedStore) Get(ctx context.Context, key storage.Key, withBody bool) (*storage.Record, error) {
-	start, span := t.begin(ctx, "get")
-	rec, err := t.Store.Get(ctx, key, withBody)
-	t.end("get", start, span, err)
-	return rec, err
-}
-
-func (t *timedStore) Delete(ctx context.Context, key storage.Key) error {
-	start, span := t.begin(ctx, "delete")
-	err := t.Store.Delete(ctx, key)
-	t.end("delete", start, span, err)
-	return err
 }

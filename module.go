@@ -202,9 +202,7 @@ type Handler struct {
 	backend      backend.Backend // the storage module
 	backendName  string          // its name: memory, redis, postgres
 	store        storage.Store   // the backend's store
-	ops          storage.Store   // store, timed for the latency metric: what requests use
-	waiter       storage.Waiter  // nil when the store cannot notify
-	aftercare    *aftercare      // finishes store writes that failed
+	keeper       *keeper         // the requests' conversation with the store
 	methods      []string
 	headerKey    string
 	scope        *scopeTemplate
@@ -368,9 +366,7 @@ func (h *Handler) loadStorage(ctx caddy.Context) error {
 		// Refused at start-up, not with a 503 for every long key.
 		return fmt.Errorf("max_key_length %d is more than the %s store can hold: at most %d", h.MaxKeyLength, name, kl.MaxKeyLength())
 	}
-	h.waiter, _ = h.store.(storage.Waiter)
-	h.ops = newTimedStore(h.store, name)
-	h.aftercare = &aftercare{store: h.ops, hold: h.holdStore, logger: h.logger}
+	h.keeper = newKeeper(h.store, name).forHandler(time.Duration(h.LockTimeout), time.Duration(h.TTL), h.logger, h.holdStore)
 	return nil
 }
 

@@ -98,8 +98,8 @@ func TestProvisionDefaults(t *testing.T) {
 	if _, ok := h.store.(*memory.Store); !ok {
 		t.Errorf("default store is %T, want *memory.Store", h.store)
 	}
-	if h.waiter == nil {
-		t.Error("the memory store can notify waiters, but h.waiter is nil")
+	if h.keeper.waiter == nil {
+		t.Error("the memory store can notify waiters, but the keeper has no waiter")
 	}
 
 	// The default store is the memory store with the default max_keys.

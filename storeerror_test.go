@@ -59,7 +59,7 @@ func (f *flakyStore) Complete(ctx context.Context, key storage.Key, token storag
 
 func withFlakyStore(h *Handler) *flakyStore {
 	f := &flakyStore{Store: h.store}
-	h.store, h.ops, h.waiter, h.aftercare.store = f, f, nil, f
+	h.useStore(f)
 	return f
 }
 
@@ -251,7 +251,7 @@ func (s *lostReplyStore) Release(ctx context.Context, key storage.Key, token sto
 func TestReservationWithALostReplyIsReleased(t *testing.T) {
 	h := isolated(t, &Handler{})
 	store := &lostReplyStore{Store: h.store}
-	h.store, h.ops, h.waiter, h.aftercare.store = store, store, nil, store
+	h.useStore(store)
 	store.lose.Store(true)
 	up := &upstream{}
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusServiceUnavailable {
@@ -272,7 +272,7 @@ func TestAbandonedReservationIsReleasedInTheBackground(t *testing.T) {
 	a := provision(t, &Handler{StorageRaw: shared})
 	b := provision(t, &Handler{StorageRaw: shared})
 	store := &lostReplyStore{Store: a.store}
-	a.store, a.ops, a.waiter, a.aftercare.store = store, store, nil, store
+	a.useStore(store)
 	store.lose.Store(true)
 	up := &upstream{}
 	if w := serve(a, up, request("k", "{}")); w.Code != http.StatusServiceUnavailable {

@@ -80,7 +80,6 @@ func TestTracedRequestsCarryTheOutcomeAndAChildSpanPerStoreCall(t *testing.T) {
 func TestStoreErrorsMarkTheirSpan(t *testing.T) {
 	h := isolated(t, &Handler{})
 	withFlakyStore(h).down.Store(true)
-	h.ops = newTimedStore(h.store, "memory") // the flaky store, timed and traced
 	spans := tracedServe(t, h, request("down", "{}"))
 	for _, s := range spans {
 		if s.Name() == "idempotency.reserve" {

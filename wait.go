@@ -1,15 +1,12 @@
 package idempotency
 
 import (
-	"context"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
-
-	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
 // waitFor returns how long a request that found its key in flight waits
@@ -80,42 +77,4 @@ func preferredWait(h http.Header) (time.Duration, bool) {
 // preferenceApplied is the Preference-Applied value for a wait of d.
 func preferenceApplied(d time.Duration) string {
 	return "wait=" + strconv.FormatInt(int64(math.Ceil(d.Seconds())), 10)
-}
-
-// await blocks while the first request with key runs, for up to wait, and
-// returns what the store holds then: a Replay when it completed, Acquired
-// when it released the key (this request runs instead), still Conflict on
-// timeout.
-func (h *Handler) await(ctx context.Context, key storage.Key, fp []byte, res storage.Reservation, wait time.Duration) (storage.Reservation, error) {
-	deadline := time.Now().Add(wait)
-	pause := 10 * time.Millisecond
-	for res.Outcome == storage.Conflict {
-		remaining := time.Until(deadline)
-		if remaining <= 0 || ctx.Err() != nil {
-			return res, nil
-		}
-		// A Waiter wakes us when the record may have changed, a lapse
-		// included; the cap only bounds how long a notification that got
-		// lost (a reconnect) could keep a waiter from looking again.
-		if h.waiter == nil || h.waiter.Wait(ctx, key, min(remaining, maxWaitBetweenLooks)) != nil {
-			// No notifications (or they failed): poll with backoff.
-			sleep(ctx, min(pause, remaining))
-			pause = min(2*pause, 250*time.Millisecond)
-		}
-		var err error
-		if res, err = h.reserve(ctx, key, fp); err != nil {
-			return res, err
-		}
-	}
-	return res, nil
-}
-
-// sleep waits for d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }

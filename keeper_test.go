@@ -1,0 +1,117 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
+)
+
+// testKeeper is a handler's keeper over a fresh memory store, without a
+// handler: the store conversation on its own.
+func testKeeper(t *testing.T, backend string) (*keeper, storage.Store) {
+	t.Helper()
+	s := memory.New(memory.Options{})
+	t.Cleanup(func() { s.Close() })
+	k := newKeeper(s, backend).forHandler(time.Minute, time.Hour, zap.NewNop(), func() (func(), bool) { return func() {}, true })
+	return k, s
+}
+
+// opCount is how many calls of op the latency histogram has seen for
+// backend.
+func opCount(t *testing.T, backend, op string) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.storeDuration.WithLabelValues(backend, op).(prometheus.Histogram).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
+
+// TestKeeperConversationWithoutAHandler runs a request's conversation
+// with the store through a keeper alone: the first reserve takes the key,
+// a second conflicts and awaits, the completion wakes it with a replay;
+// every call, the wait included, is observed in the latency histogram.
+func TestKeeperConversationWithoutAHandler(t *testing.T) {
+	const backend = "keeper-test"
+	k, _ := testKeeper(t, backend)
+	key, fp := storage.Key{Scope: "s", ID: "conversation"}, []byte("fp")
+	ctx := context.Background()
+
+	first, err := k.reserve(ctx, key, fp)
+	if err != nil || first.Outcome != storage.Acquired {
+		t.Fatalf("first reserve: %v %v", first.Outcome, err)
+	}
+	l := k.holdLease(key, first.Token)
+	second, err := k.reserve(ctx, key, fp)
+	if err != nil || second.Outcome != storage.Conflict {
+		t.Fatalf("second reserve: %v %v", second.Outcome, err)
+	}
+
+	waited := make(chan storage.Reservation, 1)
+	waitsBefore := opCount(t, backend, "wait")
+	go func() {
+		res, err := k.await(ctx, key, fp, second, time.Minute)
+		if err != nil {
+			t.Error(err)
+		}
+		waited <- res
+	}()
+	// Whether the waiter is registered before the completion or not
+	// (the memory store's Wait returns at once for a completed record),
+	// it looks again and finds the replay.
+	k.complete(withLease(ctx, l), key, first.Token, &storage.Response{Status: 201, Body: []byte("done")})
+	l.stop()
+	res := <-waited
+	if res.Outcome != storage.Replay || string(res.Record.Response.Body) != "done" {
+		t.Fatalf("await: %v, want the replay of the completed record", res.Outcome)
+	}
+	if opCount(t, backend, "wait") == waitsBefore {
+		t.Error("the wait on the store was not observed")
+	}
+	for _, op := range []string{"reserve", "complete"} {
+		if opCount(t, backend, op) == 0 {
+			t.Errorf("no %s observed", op)
+		}
+	}
+}
+
+// TestKeeperReleaseFreesTheKey releases a reservation through the keeper:
+// the next reserve takes the key again.
+func TestKeeperReleaseFreesTheKey(t *testing.T) {
+	k, _ := testKeeper(t, "keeper-test")
+	key, fp := storage.Key{Scope: "s", ID: "release"}, []byte("fp")
+	res, err := k.reserve(context.Background(), key, fp)
+	if err != nil || res.Outcome != storage.Acquired {
+		t.Fatalf("reserve: %v %v", res.Outcome, err)
+	}
+	k.release(context.Background(), key, res.Token, "test")
+	if res, err := k.reserve(context.Background(), key, fp); err != nil || res.Outcome != storage.Acquired {
+		t.Fatalf("reserve after release: %v %v, want the key free", res.Outcome, err)
+	}
+}
+
+// TestKeeperSeesOptionalInterfaces: a keeper does not hide what the store
+// can do beyond storage.Store (the wrapper it replaced did): the memory
+// store notifies waiters and finds records by key hash, and a store that
+// cannot makes Wait say so.
+func TestKeeperSeesOptionalInterfaces(t *testing.T) {
+	k, _ := testKeeper(t, "keeper-test")
+	if k.waiter == nil || k.finder == nil {
+		t.Fatalf("waiter %v, finder %v: the memory store is both", k.waiter, k.finder)
+	}
+	plain := newKeeper(struct{ storage.Store }{memory.New(memory.Options{})}, "keeper-test")
+	if err := plain.Wait(context.Background(), storage.Key{Scope: "s", ID: "k"}, time.Millisecond); !errors.Is(err, errCannotWait) {
+		t.Fatalf("Wait on a store that cannot notify: %v", err)
+	}
+	if recs, err := plain.GetByHash(context.Background(), "00", false); recs != nil || err != nil {
+		t.Fatalf("GetByHash on a store that cannot: %v %v", recs, err)
+	}
+}
