@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -489,5 +490,92 @@ func TestAKeyJSONBodyThatNamesTheKeyTwiceIsRefused(t *testing.T) {
 	}
 	if up.calls.Load() != 0 {
 		t.Fatalf("the upstream ran %d times for ambiguous bodies", up.calls.Load())
+	}
+}
+
+func TestReplayKeepsTheHeadersOuterHandlersSet(t *testing.T) {
+	h := isolated(t, &Handler{})
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("X-Order", "42")
+		// reverse_proxy adds the upstream's headers to those already set.
+		w.Header().Add("Access-Control-Allow-Origin", "*")
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}}
+	first := serveWithOuterHeaders(h, up, request("k", "{}"), http.Header{
+		"Access-Control-Allow-Origin": {"https://a.example"},
+		"X-Request-Id":                {"one"},
+	})
+	if first.Header().Get("X-Order") != "42" {
+		t.Fatalf("first: %v", first.Header())
+	}
+	retry := serveWithOuterHeaders(h, up, request("k", "{}"), http.Header{
+		"Access-Control-Allow-Origin": {"https://b.example"},
+		"X-Request-Id":                {"two"},
+	})
+	hdr := retry.Header()
+	// The first answer had the outer handler's value and the upstream's
+	// after it: so has the replay, with the current request's outer value.
+	if got := hdr.Values("Access-Control-Allow-Origin"); !slices.Equal(got, []string{"https://b.example", "*"}) {
+		t.Errorf("replay Access-Control-Allow-Origin = %q, want the current request's, then the upstream's", got)
+	}
+	if got := hdr.Values("X-Request-Id"); len(got) != 1 || got[0] != "two" {
+		t.Errorf("replay X-Request-Id = %q, want the current request's", got)
+	}
+	if hdr.Get("X-Order") != "42" || hdr.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replay lost the recorded headers: %v", hdr)
+	}
+	// A retry whose outer handlers set nothing gets what the inner ones
+	// set, and nothing the first request's outer handlers set.
+	bare := serve(h, up, request("k", "{}")).Header()
+	if got := bare.Values("Access-Control-Allow-Origin"); len(got) != 1 || got[0] != "*" {
+		t.Errorf("bare replay Access-Control-Allow-Origin = %q, want the upstream's [*]", got)
+	}
+	if got := bare.Values("X-Request-Id"); len(got) != 0 {
+		t.Errorf("bare replay X-Request-Id = %q, want none: the first request's outer handlers set it", got)
+	}
+}
+
+func TestNestedRequiredAppliesWhenTheOuterHandlerPassedTheRequestOn(t *testing.T) {
+	outer := isolated(t, &Handler{})
+	inner := isolated(t, &Handler{Required: true})
+	up := &upstream{}
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return inner.ServeHTTP(w, r, up)
+	})
+	w, repl := servePlaceholders(outer, next, request("", "{}"))
+	if w.Code != http.StatusBadRequest || up.calls.Load() != 0 {
+		t.Fatalf("keyless POST on the inner required route: %d, upstream ran %d times; want 400 and 0", w.Code, up.calls.Load())
+	}
+	if o, _ := repl.GetString(placeholderOutcome); o != string(outcomeMissing) {
+		t.Errorf("outcome %q, want missing", o)
+	}
+	// Once the outer handler has taken a key, the inner one passes through.
+	if w := serve(outer, next, request("k", "{}")); w.Code != http.StatusCreated {
+		t.Fatalf("keyed POST: %d", w.Code)
+	}
+	if w := serve(outer, next, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "true" || up.calls.Load() != 1 {
+		t.Fatalf("retry: %d, upstream ran %d times", w.Code, up.calls.Load())
+	}
+	if records(inner) != 0 {
+		t.Errorf("the inner handler stored %d records for a key the outer one took", records(inner))
+	}
+}
+
+func TestPassedIsCountedOnceThroughNestedHandlers(t *testing.T) {
+	outer := isolated(t, &Handler{})
+	inner := isolated(t, &Handler{})
+	up := &upstream{}
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return inner.ServeHTTP(w, r, up)
+	})
+	initMetrics()
+	before := testCounter(outcomePassed)
+	_, repl := servePlaceholders(outer, next, request("", "{}"))
+	if o, _ := repl.GetString(placeholderOutcome); o != string(outcomePassed) {
+		t.Errorf("outcome %q, want passed", o)
+	}
+	if got := testCounter(outcomePassed) - before; got != 1 {
+		t.Errorf("passed counted %v times, want 1", got)
 	}
 }

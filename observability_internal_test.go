@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
-// What observability_test.go cannot see from outside Caddy: the in-flight
+// What inprocess/observability_test.go cannot see from outside Caddy: the in-flight
 // gauge while a request is held, and the handler's own log entries.
 
 func TestInFlightGaugeRisesWhileARequestRuns(t *testing.T) {

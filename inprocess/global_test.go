@@ -1,4 +1,4 @@
-package idempotency_test
+package inprocess_test
 
 import (
 	"strings"
