@@ -92,6 +92,8 @@ type exchange struct {
 	repl *caddy.Replacer
 	k    *keyedRequest       // nil when the request could not be keyed
 	res  storage.Reservation // what the store said of the key
+
+	requestID string // Caddy's id of a rejected request ("" otherwise)
 }
 
 // act carries out the answer in the handler's mode.
@@ -105,8 +107,16 @@ func (x *exchange) act(a answer) error {
 // enforce carries out the answer of enforce mode.
 func (x *exchange) enforce(a answer) error {
 	h := x.h
+	if a.act == actReject {
+		// The id the problem's instance, the access log and the log
+		// line below all carry.
+		x.requestID, _ = x.repl.GetString("http.request.uuid")
+	}
 	if a.level != logNone {
 		fields := []zap.Field{zap.String("key_hash", x.keyHash())}
+		if x.requestID != "" {
+			fields = append(fields, zap.String("request_id", x.requestID))
+		}
 		if a.err != nil {
 			fields = append(fields, zap.String("backend", h.backendName), zap.Error(a.err))
 		}
@@ -139,7 +149,7 @@ func (x *exchange) enforce(a answer) error {
 		// The problem goes to the site's error routes instead.
 		return caddyhttp.Error(a.problem.status, errors.New(a.detail))
 	}
-	return writeProblem(x.w, h.DocsURL, a.problem, a.detail, differs)
+	return writeProblem(x.w, h.DocsURL, a.problem, a.detail, differs, x.requestID)
 }
 
 // keyHash is the key hash of the request's key, "" before it has one.

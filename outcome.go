@@ -95,7 +95,11 @@ func (x *exchange) settle(o outcome) {
 		}
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "idempotency outcome"); c != nil {
-		c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh))
+		if x.requestID != "" {
+			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh), zap.String("request_id", x.requestID))
+		} else {
+			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh))
+		}
 	}
 }
 

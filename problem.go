@@ -26,6 +26,16 @@ var (
 	problemStoreFull   = problem{http.StatusServiceUnavailable, "store-full", "Idempotency store is full"}
 )
 
+// retryable says whether the same request, with the same key, may
+// succeed later (409, 429, 503), or must change first (400, 413, 422).
+func (p problem) retryable() bool {
+	switch p.status {
+	case http.StatusConflict, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		return true
+	}
+	return false
+}
+
 // typeURI is the problem's type.
 func (p problem) typeURI() string { return problemTypeBase + p.slug }
 
@@ -39,22 +49,35 @@ type problemBody struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
+	// Instance names this occurrence: "urn:uuid:" and the request's id,
+	// the uuid of Caddy's access log and the request_id of the module's
+	// log line for the request.
+	Instance string `json:"instance,omitempty"`
+	// Retryable says whether sending the same request with the same key
+	// again may succeed (409, 429, 503) or not (400, 413, 422).
+	Retryable bool `json:"retryable"`
 	// Differs names the parts of a request that differ from the one a
 	// reused key was first used for (422 only).
 	Differs []string `json:"differs,omitempty"`
 }
 
 // writeProblem answers with p as application/problem+json, with the
-// differs member of a 422 when there are any, linking docsURL when it is
-// set. Problem responses are never stored and never cached.
-func writeProblem(w http.ResponseWriter, docsURL string, p problem, detail string, differs []string) error {
-	body, err := json.Marshal(problemBody{
-		Type:    p.typeURI(),
-		Title:   p.title,
-		Status:  p.status,
-		Detail:  detail,
-		Differs: differs,
-	})
+// differs member of a 422 when there are any, the request's id as the
+// instance, linking docsURL when it is set. Problem responses are never
+// stored and never cached.
+func writeProblem(w http.ResponseWriter, docsURL string, p problem, detail string, differs []string, requestID string) error {
+	pb := problemBody{
+		Type:      p.typeURI(),
+		Title:     p.title,
+		Status:    p.status,
+		Detail:    detail,
+		Retryable: p.retryable(),
+		Differs:   differs,
+	}
+	if requestID != "" {
+		pb.Instance = "urn:uuid:" + requestID
+	}
+	body, err := json.Marshal(pb)
 	if err != nil {
 		return err
 	}
