@@ -128,9 +128,13 @@ func serveWithOuterHeaders(h *Handler, next caddyhttp.Handler, r *http.Request, 
 	return w
 }
 
-func testCounter(o outcome) float64 { return counterValue(metrics.byOutcome[o]) }
+func testCounter(o outcome) float64 {
+	return counterValue(serverMetricsNamed(unknownServer).byOutcome[o])
+}
 
-func testObserved(o outcome) float64 { return counterValue(metrics.observedByOutcome[o]) }
+func testObserved(o outcome) float64 {
+	return counterValue(serverMetricsNamed(unknownServer).observedByOutcome[o])
+}
 
 func counterValue(c prometheus.Counter) float64 {
 	var m dto.Metric

@@ -166,8 +166,9 @@ func (x *exchange) keyHash() string {
 func (x *exchange) execute(token storage.Token) error {
 	h, w, r, k := x.h, x.w, x.r, x.k
 	x.settle(outcomeNew)
-	metrics.inFlight.Inc()
-	defer metrics.inFlight.Dec()
+	inFlight := metricsOf(r).inFlight
+	inFlight.Inc()
+	defer inFlight.Dec()
 	// What a later 422 needs to tell what differs; taken before the next
 	// handler reads the body.
 	detail := h.fingerprint.Detail(r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes())

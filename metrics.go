@@ -2,7 +2,10 @@ package idempotency
 
 import (
 	"errors"
+	"net/http"
 	"sync"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -12,16 +15,56 @@ var storeOps = []string{"reserve", "complete", "release", "renew", "get", "delet
 
 // metrics are created once per process and registered on every config's
 // registry (Caddy makes a new registry per config), so counts carry across
-// reloads. Labels are bounded: outcome, backend and op only; never keys,
-// scopes or hosts.
+// reloads. Labels are bounded: server (the HTTP server's name in the
+// config, as Caddy's own HTTP metrics have it), outcome, backend and op
+// only; never keys, scopes or hosts.
 var metrics struct {
-	once              sync.Once
-	requests          *prometheus.CounterVec
+	once          sync.Once
+	requests      *prometheus.CounterVec
+	observed      *prometheus.CounterVec
+	storeDuration *prometheus.HistogramVec
+	inFlight      *prometheus.GaugeVec
+	servers       sync.Map // server name -> *serverMetrics
+}
+
+// serverMetrics are one HTTP server's series, made together the first
+// time the server counts a request, so that every outcome's series of a
+// server exists (at zero) once the server has served one.
+type serverMetrics struct {
 	byOutcome         map[outcome]prometheus.Counter
-	observed          *prometheus.CounterVec
 	observedByOutcome map[outcome]prometheus.Counter
-	storeDuration     *prometheus.HistogramVec
 	inFlight          prometheus.Gauge
+}
+
+// unknownServer is the server label of a request served outside a Caddy
+// HTTP server (Caddy's own metrics say the same).
+const unknownServer = "UNKNOWN"
+
+// metricsOf returns the series of the server that serves r.
+func metricsOf(r *http.Request) *serverMetrics {
+	name := unknownServer
+	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil && srv.Name() != "" {
+		name = srv.Name()
+	}
+	return serverMetricsNamed(name)
+}
+
+func serverMetricsNamed(name string) *serverMetrics {
+	if m, ok := metrics.servers.Load(name); ok {
+		return m.(*serverMetrics)
+	}
+	initMetrics()
+	m := &serverMetrics{
+		byOutcome:         make(map[outcome]prometheus.Counter, len(outcomes)),
+		observedByOutcome: make(map[outcome]prometheus.Counter, len(outcomes)),
+		inFlight:          metrics.inFlight.WithLabelValues(name),
+	}
+	for _, o := range outcomes {
+		m.byOutcome[o] = metrics.requests.WithLabelValues(name, string(o))
+		m.observedByOutcome[o] = metrics.observed.WithLabelValues(name, string(o))
+	}
+	actual, _ := metrics.servers.LoadOrStore(name, m)
+	return actual.(*serverMetrics)
 }
 
 func initMetrics() {
@@ -29,27 +72,21 @@ func initMetrics() {
 		const ns, sub = "caddy", "http_idempotency"
 		metrics.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "requests_total",
-			Help: "Requests seen by the idempotency handler, by outcome.",
-		}, []string{"outcome"})
+			Help: "Requests seen by the idempotency handler, by server and outcome.",
+		}, []string{"server", "outcome"})
 		metrics.observed = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "observed_total",
-			Help: "Requests seen by idempotency handlers in observe mode, by the outcome they would have had.",
-		}, []string{"outcome"})
-		metrics.byOutcome = make(map[outcome]prometheus.Counter, len(outcomes))
-		metrics.observedByOutcome = make(map[outcome]prometheus.Counter, len(outcomes))
-		for _, o := range outcomes {
-			metrics.byOutcome[o] = metrics.requests.WithLabelValues(string(o))
-			metrics.observedByOutcome[o] = metrics.observed.WithLabelValues(string(o))
-		}
+			Help: "Requests seen by idempotency handlers in observe mode, by server and the outcome they would have had.",
+		}, []string{"server", "outcome"})
 		metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
 			Help:    "Latency of idempotency store operations, by backend and operation.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}, []string{"backend", "op"})
-		metrics.inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
+		metrics.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "in_flight",
-			Help: "Requests currently running under an idempotency key in this process.",
-		})
+			Help: "Requests currently running under an idempotency key in this process, by server.",
+		}, []string{"server"})
 	})
 }
 

@@ -33,7 +33,7 @@ func gaugeValue(t *testing.T) float64 {
 	t.Helper()
 	initMetrics()
 	var m dto.Metric
-	if err := metrics.inFlight.Write(&m); err != nil {
+	if err := serverMetricsNamed(unknownServer).inFlight.Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetGauge().GetValue()

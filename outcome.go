@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"net/http"
+
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -31,16 +33,16 @@ var outcomes = []outcome{
 	outcomeMissing, outcomeInvalid, outcomeTooLarge, outcomeTooManyKeys, outcomeStoreError, outcomePassed,
 }
 
-// countOutcome counts one request.
-func countOutcome(o outcome) {
-	if c := metrics.byOutcome[o]; c != nil {
+// countOutcome counts one request of the server that serves r.
+func countOutcome(r *http.Request, o outcome) {
+	if c := metricsOf(r).byOutcome[o]; c != nil {
 		c.Inc()
 	}
 }
 
 // countObserved counts one request of observe mode.
-func countObserved(o outcome) {
-	if c := metrics.observedByOutcome[o]; c != nil {
+func countObserved(r *http.Request, o outcome) {
+	if c := metricsOf(r).observedByOutcome[o]; c != nil {
 		c.Inc()
 	}
 }
@@ -76,9 +78,9 @@ func (x *exchange) settle(o outcome) {
 		repl.Set(placeholderSettled, true)
 	}
 	if h.observing {
-		countObserved(o)
+		countObserved(r, o)
 	} else {
-		countOutcome(o)
+		countOutcome(r, o)
 	}
 	traceOutcome(r.Context(), o, repl, h.backendName, h.observing)
 	khName, outcomeField, hashField := placeholderKeyHash, "idempotency_outcome", "idempotency_key_hash"

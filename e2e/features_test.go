@@ -16,25 +16,31 @@ import (
 // ignored fingerprint members, Prefer: wait, and 422s that name what
 // differs. Each runs on every store.
 
-// observedCount is caddy_http_idempotency_observed_total{outcome}.
+// observedCount is caddy_http_idempotency_observed_total{outcome}, summed
+// over the instance's servers.
 func observedCount(t *testing.T, inst *caddyproc.Instance, outcome string) int {
 	t.Helper()
 	status, body := adminGet(t, inst, "/metrics")
 	if status != 200 {
 		t.Fatalf("admin /metrics: %d", status)
 	}
-	series := `caddy_http_idempotency_observed_total{outcome="` + outcome + `"} `
+	series := `caddy_http_idempotency_observed_total{outcome="` + outcome + `",`
+	total, found := 0.0, false
 	for line := range strings.SplitSeq(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, series); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("metrics line %q: %v", line, err)
-			}
-			return int(n)
+		if !strings.HasPrefix(line, series) {
+			continue
 		}
+		i := strings.LastIndexByte(line, ' ')
+		n, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("metrics line %q: %v", line, err)
+		}
+		total, found = total+n, true
 	}
-	t.Fatalf("no series %s in /metrics", series)
-	return 0
+	if !found {
+		t.Fatalf("no series %s...} in /metrics", series)
+	}
+	return int(total)
 }
 
 // untouched fails unless r is the upstream's own answer, with nothing

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
@@ -40,9 +43,13 @@ func scrape(t *testing.T, url string) map[string]float64 {
 	return out
 }
 
-// outcomeSeries names the requests counter of outcome.
-func outcomeSeries(outcome string) string {
-	return fmt.Sprintf(`caddy_http_idempotency_requests_total{outcome=%q}`, outcome)
+// outcomeSeries names the requests counter of outcome on server srv0,
+// the name Caddyfile adaptation gives a config's first server.
+func outcomeSeries(outcome string) string { return serverOutcomeSeries("srv0", outcome) }
+
+// serverOutcomeSeries names the requests counter of outcome on server.
+func serverOutcomeSeries(server, outcome string) string {
+	return fmt.Sprintf(`caddy_http_idempotency_requests_total{outcome=%q,server=%q}`, outcome, server)
 }
 
 func TestMetricsCountEachOutcomeExactly(t *testing.T) {
@@ -93,7 +100,7 @@ func TestMetricsCountEachOutcomeExactly(t *testing.T) {
 	if got := after[complete] - before[complete]; got != 1 {
 		t.Errorf("complete ops grew by %v, want 1", got)
 	}
-	if v, ok := after["caddy_http_idempotency_in_flight"]; !ok || v != 0 {
+	if v, ok := after[`caddy_http_idempotency_in_flight{server="srv0"}`]; !ok || v != 0 {
 		t.Errorf("in_flight = %v (present %v), want 0 at rest", v, ok)
 	}
 	for series := range after {
@@ -178,5 +185,60 @@ func TestAccessLogCarriesOutcomeAndKeyHash(t *testing.T) {
 		if kh, _ := entry["idempotency_key_hash"].(string); len(kh) != 16 {
 			t.Errorf("line %d: idempotency_key_hash = %v", i, entry["idempotency_key_hash"])
 		}
+	}
+}
+
+// TestMetricsTellServersApart serves two sites on two ports (two HTTP
+// servers, srv0 and srv1): each counts its own requests under its server
+// label, as Caddy's own HTTP metrics do.
+func TestMetricsTellServersApart(t *testing.T) {
+	up := newCountingUpstream(t)
+	adminPort, p0, p1 := freePort(t), freePort(t), freePort(t)
+	cfg := fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	metrics
+	auto_https off
+	persist_config off
+	log {
+		level ERROR
+	}
+}
+
+http://127.0.0.1:%d {
+	idempotency
+	reverse_proxy %s
+}
+
+http://127.0.0.1:%d {
+	idempotency
+	reverse_proxy %s
+}
+`, adminPort, p0, up.Listener.Addr(), p1, up.Listener.Addr())
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(js, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", adminPort)
+	before := scrape(t, metricsURL)
+	post(t, fmt.Sprintf("http://127.0.0.1:%d/orders", p0), "s0", `{}`)
+	post(t, fmt.Sprintf("http://127.0.0.1:%d/orders", p1), "s1", `{}`)
+	post(t, fmt.Sprintf("http://127.0.0.1:%d/orders", p1), "s1", `{}`)
+	after := scrape(t, metricsURL)
+	grew := func(server, outcome string) float64 {
+		s := serverOutcomeSeries(server, outcome)
+		return after[s] - before[s]
+	}
+	// The adapter names the servers; which port is which is its choice.
+	one, two := "srv0", "srv1"
+	if grew(one, "replayed") == 1 {
+		one, two = two, one
+	}
+	if grew(one, "new") != 1 || grew(one, "replayed") != 0 || grew(two, "new") != 1 || grew(two, "replayed") != 1 {
+		t.Fatalf("new and replayed grew by %v, %v on %s and by %v, %v on %s; want 1, 0 on one server and 1, 1 on the other",
+			grew(one, "new"), grew(one, "replayed"), one, grew(two, "new"), grew(two, "replayed"), two)
 	}
 }
