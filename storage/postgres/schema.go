@@ -145,3 +145,20 @@ func (s *Store) createSchema(ctx context.Context) error {
 		return nil
 	})
 }
+
+// Grant is the statement that lets role use table (the default table for
+// ""): what a database user needs when it may not create tables
+// (create_table off, the table made with Schema's statements).
+func Grant(table, role string) (string, error) {
+	if table == "" {
+		table = DefaultTable
+	}
+	quoted, err := sanitizeTable(table)
+	if err != nil {
+		return "", err
+	}
+	if role == "" {
+		return "", fmt.Errorf("postgres: grant: the role is empty")
+	}
+	return "GRANT SELECT, INSERT, UPDATE, DELETE ON " + quoted + " TO " + pgx.Identifier{role}.Sanitize(), nil
+}

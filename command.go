@@ -1,0 +1,197 @@
+package idempotency
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
+)
+
+// The `caddy idempotency` command: what an operator otherwise does with
+// shell recipes (the hashes the logs show, the PostgreSQL DDL) or curl
+// (the admin API).
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "idempotency",
+		Usage: "hash|schema|get|delete [flags]",
+		Short: "Hashes idempotency keys, prints the PostgreSQL schema, shows and deletes records",
+		Long: `
+Tools for the idempotency handler (http.handlers.idempotency).
+
+hash      the scope_hash and key_hash that the logs and the admin API use,
+          of a key and a client's scope (the values of the scope
+          template's placeholders, or the scope hash itself)
+schema    the PostgreSQL DDL and GRANT for a table name
+get       a record, from a running Caddy's admin API
+delete    a record, through a running Caddy's admin API (the key runs
+          again on its next request)
+
+See docs/operations.md of the module.
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.AddCommand(hashCommand(), schemaCommand(), recordCommand("get"), recordCommand("delete"))
+		},
+	})
+}
+
+// keyFlags adds the flags that name a record: a key and its scope, or a
+// key hash as logged.
+func keyFlags(cmd *cobra.Command, withKeyHash bool) {
+	cmd.Flags().String("key", "", "the idempotency key")
+	cmd.Flags().StringArray("scope", nil, "a value of the scope template's placeholders, in order (repeat); with the default template, the host (without port), then the Authorization value")
+	cmd.Flags().String("scope-template", "", "the handler's scope template, when not the default")
+	cmd.Flags().String("scope-hash", "", "the scope hash (64 hex digits), instead of --scope")
+	if withKeyHash {
+		cmd.Flags().String("key-hash", "", "the key_hash of the logs (16 hex digits), instead of --key and its scope")
+	}
+}
+
+func hashCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "hash --key <key> (--scope <value>... [--scope-template <template>] | --scope-hash <hex>)",
+		Short: "Prints the scope_hash and key_hash of a key and a client's scope",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			key, err := keyFromFlags(cmd)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "scope_hash %s\nkey_hash %s\n", key.Scope, key.Hash())
+			return err
+		},
+	}
+	keyFlags(cmd, false)
+	return cmd
+}
+
+// keyFromFlags is the storage key the flags name, as the handler and the
+// admin API compute it.
+func keyFromFlags(cmd *cobra.Command) (storage.Key, error) {
+	f := cmd.Flags()
+	id, _ := f.GetString("key")
+	scope, _ := f.GetStringArray("scope")
+	template, _ := f.GetString("scope-template")
+	scopeHash, _ := f.GetString("scope-hash")
+	if id == "" {
+		return storage.Key{}, fmt.Errorf("--key is required")
+	}
+	key, err := adminKey(id, scope, template, scopeHash, len(scope) > 0 || template != "")
+	if err != nil {
+		return storage.Key{}, flagWords(err)
+	}
+	return key, nil
+}
+
+// flagWords puts the admin API's parameter names of err in the command's
+// flag names.
+func flagWords(err error) error {
+	r := strings.NewReplacer("the scope or scope_hash query parameter is required with key", "--scope or --scope-hash is required with --key",
+		"scope_template", "--scope-template", "scope_hash", "--scope-hash", "key_hash", "--key-hash",
+		"give scope", "give --scope", "key with scope", "--key with --scope")
+	return fmt.Errorf("%s", r.Replace(err.Error()))
+}
+
+func schemaCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "schema [--table <name>] [--role <role>]",
+		Short: "Prints the PostgreSQL statements that create the table (for create_table false) and grant its use",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			table, _ := cmd.Flags().GetString("table")
+			role, _ := cmd.Flags().GetString("role")
+			statements, err := postgres.Schema(table)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			for _, s := range statements {
+				fmt.Fprintf(out, "%s;\n\n", strings.TrimSpace(s))
+			}
+			if role != "" {
+				grant, err := postgres.Grant(table, role)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "%s;\n", grant)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().String("table", postgres.DefaultTable, "the table name, as the table option of storage postgres (may be schema-qualified)")
+	cmd.Flags().String("role", "", "the database role Caddy connects as, to grant the table's use to")
+	return cmd
+}
+
+// recordCommand is get or delete: one request to the admin API's
+// /idempotency/keys endpoint of a running Caddy.
+func recordCommand(verb string) *cobra.Command {
+	method, short := http.MethodGet, "Shows the record of a key, from a running Caddy's admin API"
+	if verb == "delete" {
+		method, short = http.MethodDelete, "Deletes the record of a key through a running Caddy's admin API, so that its next request runs"
+	}
+	cmd := &cobra.Command{
+		Use:   verb + " (--key-hash <hex> | --key <key> (--scope <value>... | --scope-hash <hex>)) [--store <id>] [--address <admin>]",
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q, err := recordQuery(cmd)
+			if err != nil {
+				return err
+			}
+			if body, _ := cmd.Flags().GetBool("body"); body && verb == "get" {
+				q.Set("body", "true")
+			}
+			address, _ := cmd.Flags().GetString("address")
+			address, err = caddycmd.DetermineAdminAPIAddress(address, nil, "", "")
+			if err != nil {
+				return err
+			}
+			resp, err := caddycmd.AdminAPIRequest(address, method, "/idempotency/keys?"+q.Encode(), nil, nil)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			_, err = io.Copy(cmd.OutOrStdout(), resp.Body)
+			return err
+		},
+	}
+	keyFlags(cmd, true)
+	cmd.Flags().String("store", "", "the store's id, as GET /idempotency/stores lists it (default: every store)")
+	cmd.Flags().String("address", "", "the admin API's address (default: Caddy's, localhost:2019)")
+	if verb == "get" {
+		cmd.Flags().Bool("body", false, "include the recorded body (base64)")
+	}
+	return cmd
+}
+
+// recordQuery is the admin API's query for the record the flags name.
+func recordQuery(cmd *cobra.Command) (url.Values, error) {
+	f := cmd.Flags()
+	q := url.Values{}
+	if store, _ := f.GetString("store"); store != "" {
+		q.Set("store", store)
+	}
+	if kh, _ := f.GetString("key-hash"); kh != "" {
+		if id, _ := f.GetString("key"); id != "" {
+			return nil, fmt.Errorf("give --key-hash alone, or --key with --scope or --scope-hash")
+		}
+		q.Set("key_hash", kh)
+		return q, nil
+	}
+	key, err := keyFromFlags(cmd)
+	if err != nil {
+		return nil, err
+	}
+	// The scope as its hash: the admin API takes it as it takes scope
+	// values, and the values need not leave this machine.
+	q.Set("key", key.ID)
+	q.Set("scope_hash", key.Scope)
+	return q, nil
+}

@@ -1,0 +1,116 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
+)
+
+// runCommand runs cmd with args and returns what it printed.
+func runCommand(t *testing.T, cmd *cobra.Command, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+// TestHashCommandGivesTheHashesTheHandlerLogs: `caddy idempotency hash`
+// with a key and a client's host and Authorization prints the key_hash
+// the handler put on that client's request.
+func TestHashCommandGivesTheHashesTheHandlerLogs(t *testing.T) {
+	h := isolated(t, &Handler{})
+	r := request("order-77", "{}")
+	r.Header.Set("Authorization", "Bearer alice")
+	_, repl := servePlaceholders(h, &upstream{}, r)
+	logged, _ := repl.GetString(placeholderKeyHash)
+
+	out, err := runCommand(t, hashCommand(), "--key", "order-77", "--scope", "example.com", "--scope", "Bearer alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if logged == "" || !strings.Contains(out, "key_hash "+logged+"\n") {
+		t.Fatalf("hash printed %q, want key_hash %s as the handler has it", out, logged)
+	}
+	// The scope hash it printed names the same key.
+	var scopeHash string
+	fmt.Sscanf(out, "scope_hash %s", &scopeHash)
+	if out2, err := runCommand(t, hashCommand(), "--key", "order-77", "--scope-hash", scopeHash); err != nil || out2 != out {
+		t.Fatalf("with --scope-hash: %q %v, want %q", out2, err, out)
+	}
+
+	for _, args := range [][]string{
+		{"--scope", "example.com"},               // no key
+		{"--key", "k"},                           // no scope
+		{"--key", "k", "--scope-hash", "00"},     // a short scope hash
+		{"--key", "k", "--scope", "example.com"}, // one value of the default template without a space
+		{"--key", "k", "--scope", "a b", "--scope-hash", strings.Repeat("0", 64)}, // both
+	} {
+		if out, err := runCommand(t, hashCommand(), args...); err == nil {
+			t.Errorf("hash %q: %q, want an error", args, out)
+		} else if strings.Contains(err.Error(), "query parameter") {
+			t.Errorf("hash %q: %v: the error speaks of the admin API, not of flags", args, err)
+		}
+	}
+}
+
+// TestSchemaCommandMakesATableAStoreWorksOn runs the statements `caddy
+// idempotency schema --table t --role r` prints on a real PostgreSQL: a
+// role that may not create tables then runs a store on the table.
+func TestSchemaCommandMakesATableAStoreWorksOn(t *testing.T) {
+	dsn := pgtest.Require(t)
+	table := pgtest.Table(t, dsn)
+	roleDSN, role := pgtest.Role(t, dsn, "")
+	out, err := runCommand(t, schemaCommand(), "--table", table, "--role", role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "CREATE TABLE IF NOT EXISTS") || !strings.Contains(out, "GRANT SELECT, INSERT, UPDATE, DELETE") {
+		t.Fatalf("schema printed %q", out)
+	}
+	for _, stmt := range strings.Split(out, ";\n") {
+		if stmt = strings.TrimSpace(stmt); stmt != "" {
+			pgtest.Exec(t, dsn, stmt)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	poolCfg, err := postgres.NewPoolConfig(roleDSN, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := postgres.New(pool, postgres.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	key := storage.Key{Scope: "s", ID: "schema"}
+	res, err := s.Reserve(ctx, key, []byte("fp"), time.Minute)
+	if err != nil || res.Outcome != storage.Acquired {
+		t.Fatalf("reserve as %s on the table the schema made: %v %v", role, res.Outcome, err)
+	}
+	if err := s.Complete(ctx, key, res.Token, &storage.Response{Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+
+	if out, err := runCommand(t, schemaCommand(), "--table", "Bad-Name"); err == nil {
+		t.Fatalf("schema for an invalid table name: %q, want an error", out)
+	}
+}
