@@ -63,7 +63,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := cfargs.NoArgs(d); err != nil {
 		return err
 	}
-	return cfargs.EachOption(d, "", nil, func(opt string) error { return h.parseOption(d, opt) }, h.check)
+	return cfargs.EachOption(d, "", nil, func(opt string) error { return h.parseOption(d, opt) }, func() error {
+		_, err := h.compile()
+		return err
+	})
 }
 
 // parseOption parses one option of the directive's block.

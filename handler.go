@@ -121,11 +121,11 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, next caddyhttp
 	// What a later 422 needs to tell what differs; taken before the next
 	// handler reads the body.
 	detail := h.fingerprint.Detail(r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes())
-	l := holdLease(h.ops, h.logger, k.key, token, time.Duration(h.LockTimeout))
+	l := holdLease(h.ops, h.logger, k.key, token, time.Duration(h.lockTimeout))
 	// Runs after the record is settled: the write that settles it keeps
 	// the lease alive, in aftercare if the store cannot take it at once.
 	defer l.stop()
-	rec := newRecorder(w, h.MaxResponseSize, h.observing)
+	rec := newRecorder(w, h.maxResponseSize, h.observing)
 	defer rec.unbound()
 
 	if !h.observing {
@@ -200,7 +200,7 @@ func (h *Handler) finish(ctx context.Context, key storage.Key, token storage.Tok
 			h.logger.Warn("the response broke off after its status was sent; recording status and headers without the body",
 				zap.String("key_hash", key.Hash()), zap.Int("status", status), zap.String("failure", failure))
 		}
-		identityBody(resp, h.MaxResponseSize)
+		identityBody(resp, h.maxResponseSize)
 		h.complete(ctx, key, token, resp)
 	}
 }
@@ -239,11 +239,11 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 // mismatch answers a request that reuses a key for another request with a
 // 422 that names what differs (never a value), when the record says.
 func (h *Handler) mismatch(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, k *keyedRequest, rec *storage.Record) error {
-	detail := fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.Header)
+	detail := fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.header)
 	differs := h.differs(r, k, rec)
 	if len(differs) > 0 {
 		detail = fmt.Sprintf("this %s was already used for a request that differs in %s; use a new key for a new operation",
-			h.Header, strings.Join(differs, ", "))
+			h.header, strings.Join(differs, ", "))
 	}
 	return h.rejectWith(w, r, repl, outcomeMismatch, problemMismatch, detail, differs)
 }
@@ -275,7 +275,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 		w.Header().Set("Retry-After", storeFullRetryAfter)
 		return h.reject(w, r, repl, outcomeStoreError, problemStoreFull,
 			"too many requests are being tracked; retry later")
-	case h.OnStorageError == failOpen && storage.Unavailable(err):
+	case h.onStorageError == failOpen && storage.Unavailable(err):
 		// Only a store that cannot be reached or is too slow is passed
 		// by: an error that proves it answered (a corrupt record, a
 		// refused write) fails closed.
@@ -301,10 +301,10 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 func (h *Handler) rejectWith(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, o outcome, p problem, detail string, differs []string) error {
 	h.settle(r, repl, o)
 	repl.Set(placeholderProblem, p.typeURI())
-	if h.Errors == errorsHandleErrors {
+	if h.errors == errorsHandleErrors {
 		return caddyhttp.Error(p.status, errors.New(detail))
 	}
-	return writeProblem(w, h.DocsURL, p, detail, differs)
+	return writeProblem(w, h.docsURL, p, detail, differs)
 }
 
 // reserve claims key for this request. A reservation that an earlier
@@ -315,7 +315,7 @@ func (h *Handler) rejectWith(w http.ResponseWriter, r *http.Request, repl *caddy
 // still be answered for.
 func (h *Handler) reserve(ctx context.Context, key storage.Key, fp []byte) (storage.Reservation, error) {
 	ctx = context.WithoutCancel(ctx)
-	lease := time.Duration(h.LockTimeout)
+	lease := time.Duration(h.lockTimeout)
 	res, err := h.ops.Reserve(ctx, key, fp, lease)
 	if err == nil && res.Outcome == storage.Conflict && h.aftercare.reclaim(key) {
 		res, err = h.ops.Reserve(ctx, key, fp, lease)
@@ -332,7 +332,7 @@ func (h *Handler) reserve(ctx context.Context, key storage.Key, fp []byte) (stor
 func (h *Handler) complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response) {
 	l := leaseFrom(ctx)
 	l.settle()
-	err := h.ops.Complete(context.WithoutCancel(ctx), key, token, resp, time.Duration(h.TTL))
+	err := h.ops.Complete(context.WithoutCancel(ctx), key, token, resp, time.Duration(h.ttl))
 	switch {
 	case err == nil:
 	case errors.Is(err, storage.ErrLeaseLost):
@@ -346,7 +346,7 @@ func (h *Handler) complete(ctx context.Context, key storage.Key, token storage.T
 	default:
 		h.logger.Error("recording idempotent response failed; retrying in the background",
 			zap.String("backend", h.backendName), zap.String("key_hash", key.Hash()), zap.Error(err))
-		h.aftercare.add(&chore{kind: choreComplete, key: key, token: token, resp: resp, ttl: time.Duration(h.TTL), until: h.aftercareDeadline(), lease: l.keep()})
+		h.aftercare.add(&chore{kind: choreComplete, key: key, token: token, resp: resp, ttl: time.Duration(h.ttl), until: h.aftercareDeadline(), lease: l.keep()})
 	}
 }
 
@@ -380,7 +380,7 @@ func (h *Handler) abandon(key storage.Key, token storage.Token, err error) {
 	if token == 0 || errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrScopeFull) {
 		return
 	}
-	h.aftercare.add(&chore{kind: choreAbandon, key: key, token: token, until: time.Now().Add(time.Duration(h.LockTimeout))})
+	h.aftercare.add(&chore{kind: choreAbandon, key: key, token: token, until: time.Now().Add(time.Duration(h.lockTimeout))})
 }
 
 // aftercareDeadline is how long a write that failed after the upstream ran
@@ -389,5 +389,5 @@ func (h *Handler) abandon(key storage.Key, token storage.Token, err error) {
 // record written (the stores keep a lapsed in-flight record that nobody
 // took over and still let its owner complete it).
 func (h *Handler) aftercareDeadline() time.Time {
-	return time.Now().Add(max(time.Duration(h.LockTimeout), time.Minute))
+	return time.Now().Add(max(time.Duration(h.lockTimeout), time.Minute))
 }

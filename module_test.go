@@ -45,6 +45,16 @@ func handlerFromJSON(t *testing.T, config string) *Handler {
 	return h
 }
 
+// mustScope compiles a scope template, for comparing with a handler's.
+func mustScope(t *testing.T, template string) *scopeTemplate {
+	t.Helper()
+	st, err := newScopeTemplate(template)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 func TestProvisionDefaults(t *testing.T) {
 	ctx, _ := caddyContext(t)
 	h := new(Handler)
@@ -56,25 +66,25 @@ func TestProvisionDefaults(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"ttl", time.Duration(h.TTL), 24 * time.Hour},
-		{"lock_timeout", time.Duration(h.LockTimeout), 30 * time.Second},
-		{"methods", h.Methods, []string{"POST", "PATCH"}},
-		{"methods (effective)", h.methods, []string{"POST", "PATCH"}},
-		{"header", h.Header, "Idempotency-Key"},
+		{"ttl", time.Duration(h.ttl), 24 * time.Hour},
+		{"lock_timeout", time.Duration(h.lockTimeout), 30 * time.Second},
+		{"methods", h.methods, []string{"POST", "PATCH"}},
+		{"header", h.header, "Idempotency-Key"},
 		{"header (effective)", h.headerKey, "Idempotency-Key"},
-		{"required", h.Required, false},
-		{"scope", h.Scope, "{http.request.host} {http.request.header.Authorization}"},
-		{"max_key_length", h.MaxKeyLength, 255},
-		{"max_body_size", h.MaxBodySize, int64(1 << 20)},
-		{"max_response_size", h.MaxResponseSize, int64(1 << 20)},
-		{"fingerprint.headers", h.Fingerprint.Headers, []string{"Content-Type"}},
+		{"required", h.required, false},
+		{"scope", h.scope, mustScope(t, "{http.request.host} {http.request.header.Authorization}")},
+		{"max_key_length", h.maxKeyLength, 255},
+		{"max_body_size", h.maxBodySize, int64(1 << 20)},
+		{"max_response_size", h.maxResponseSize, int64(1 << 20)},
+		{"fingerprint.headers", h.fingerprint.Headers(), []string{"Content-Type"}},
 		{"fingerprint.canonical_json (effective)", h.fingerprint.CanonicalJSON(), true},
-		{"release_on", h.ReleaseOn, []string{"5xx", "401", "403", "407", "408", "429"}},
-		{"in_flight", h.InFlight, "reject"},
-		{"wait_timeout", time.Duration(h.WaitTimeout), 10 * time.Second},
-		{"on_storage_error", h.OnStorageError, "fail_closed"},
+		{"in_flight", h.inFlight, "reject"},
+		{"wait_timeout", time.Duration(h.waitTimeout), 10 * time.Second},
+		{"on_storage_error", h.onStorageError, "fail_closed"},
 		{"replay_header (effective)", h.replayHeader, "Idempotent-Replayed"},
-		{"docs_url", h.DocsURL, ""},
+		{"docs_url", h.docsURL, ""},
+		{"mode", h.observing, false},
+		{"errors", h.errors, "problem"},
 		{"storage backend", h.backendName, "memory"},
 	}
 	for _, c := range checks {
@@ -140,22 +150,23 @@ func TestProvisionKeepsExplicitValues(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"ttl", time.Duration(h.TTL), time.Hour},
-		{"lock_timeout", time.Duration(h.LockTimeout), 5 * time.Second},
+		{"ttl", time.Duration(h.ttl), time.Hour},
+		{"lock_timeout", time.Duration(h.lockTimeout), 5 * time.Second},
 		{"methods (effective)", h.methods, []string{"POST", "PUT"}},
+		{"header", h.header, "x-request-key"},
 		{"header (effective)", h.headerKey, "X-Request-Key"},
-		{"required", h.Required, true},
-		{"scope", h.Scope, "{http.request.header.X-Tenant}"},
-		{"max_key_length", h.MaxKeyLength, 64},
-		{"max_body_size", h.MaxBodySize, int64(2048)},
-		{"max_response_size", h.MaxResponseSize, int64(4096)},
-		{"fingerprint.headers", h.Fingerprint.Headers, []string{"X-Tenant"}},
+		{"required", h.required, true},
+		{"scope", h.scope, mustScope(t, "{http.request.header.X-Tenant}")},
+		{"max_key_length", h.maxKeyLength, 64},
+		{"max_body_size", h.maxBodySize, int64(2048)},
+		{"max_response_size", h.maxResponseSize, int64(4096)},
+		{"fingerprint.headers", h.fingerprint.Headers(), []string{"X-Tenant"}},
 		{"fingerprint.canonical_json (effective)", h.fingerprint.CanonicalJSON(), false},
-		{"in_flight", h.InFlight, "wait"},
-		{"wait_timeout", time.Duration(h.WaitTimeout), 3 * time.Second},
-		{"on_storage_error", h.OnStorageError, "fail_open"},
+		{"in_flight", h.inFlight, "wait"},
+		{"wait_timeout", time.Duration(h.waitTimeout), 3 * time.Second},
+		{"on_storage_error", h.onStorageError, "fail_open"},
 		{"replay_header (effective)", h.replayHeader, "X-Replayed"},
-		{"docs_url", h.DocsURL, "https://api.example.com/docs#idempotency"},
+		{"docs_url", h.docsURL, "https://api.example.com/docs#idempotency"},
 		{"storage backend", h.backendName, "memory"},
 		{"release_on 429", h.releaseOn.has(429), true},
 		{"release_on 503", h.releaseOn.has(503), true},
