@@ -18,8 +18,12 @@ func TestPostgresProvisionDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Cleanup()
-	if p.Table != "idempotency_keys" || p.CreateTable == nil || !*p.CreateTable || p.CleanupInterval != caddy.Duration(pgstore.DefaultCleanupInterval) || p.MaxConns != 0 {
-		t.Fatalf("defaults: %+v", p)
+	cfg, err := p.compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Table != "idempotency_keys" || !cfg.CreateTable || cfg.CleanupInterval != pgstore.DefaultCleanupInterval || cfg.MaxConns != 0 || cfg.Timeout != defaultPostgresTimeout {
+		t.Fatalf("defaults: %+v", cfg)
 	}
 	pool := p.Store().(*pgstore.Store).Pool()
 	if cfg := pool.Config(); cfg.ConnConfig.ConnectTimeout != pgstore.DefaultConnectTimeout {

@@ -66,10 +66,9 @@ func TestRedisConfigResolvesPlaceholdersAndRejectsConflicts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.in.check()
-			var got redisConfig
+			got, err := tt.in.compile()
 			if err == nil {
-				got, err = tt.in.resolve()
+				got, err = got.resolve()
 			}
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
@@ -113,7 +112,10 @@ func TestRedisSecretsStayOutOfConfig(t *testing.T) {
 	if strings.Contains(r.StoreID(), secret) {
 		t.Errorf("pool key %q holds the secret", r.StoreID())
 	}
-	cfg, err := r.resolve()
+	cfg, err := r.compile()
+	if err == nil {
+		cfg, err = cfg.resolve()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
