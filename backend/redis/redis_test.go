@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )
@@ -237,4 +239,38 @@ func fromJSON(t *testing.T, config string) *Storage {
 		t.Fatalf("decoding %s: %v", config, err)
 	}
 	return r
+}
+
+// TestRedisValidateAndCompileErrors: a compile error names its options
+// (each of a rule between options); Validate reports it for a config that
+// was not provisioned, and a provisioned config has nothing left to
+// validate.
+func TestRedisValidateAndCompileErrors(t *testing.T) {
+	for config, options := range map[string][]string{
+		`{"url":"redis://a","addresses":["b:1"]}`:       {"url", "addresses"},
+		`{"master_name":"m"}`:                           {"master_name", "addresses"},
+		`{"addresses":["b:1"],"sentinel_password":"p"}`: {"sentinel_password", "master_name"},
+		`{"tls_key_file":"k.pem"}`:                      {"tls_cert_file", "tls_key_file"},
+		`{"url":"redis://u@a","username":"v"}`:          {"url", "username"},
+		`{"url":"cache"}`:                               {"url"},
+		`{"addresses":["n1"]}`:                          {"addresses"},
+		`{"pool_size":-1}`:                              {"pool_size"},
+		`{"dial_timeout":1}`:                            {"dial_timeout"},
+		`{"timeout":"2h"}`:                              {"timeout"},
+		`{"key_prefix":"{x}"}`:                          {"key_prefix"},
+		`{"replay_cache":{"max_entries":0}}`:            {"replay_cache"},
+	} {
+		if got := opterr.Options(fromJSON(t, config).Validate()); !slices.Equal(got, options) {
+			t.Errorf("%s: Validate names %q, want %q", config, got, options)
+		}
+	}
+	ctx, _ := caddyContext(t)
+	r := fromJSON(t, `{"url":"redis://127.0.0.1:1/0","key_prefix":"idempotency-test:`+t.Name()+`:"}`)
+	if err := r.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Cleanup()
+	if err := r.Validate(); err != nil {
+		t.Errorf("Validate of a provisioned store: %v", err)
+	}
 }
