@@ -506,6 +506,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{name: "lock_timeout below a second", body: []string{"ttl 1h", "lock_timeout 1ns"}, line: 4, want: []string{"lock_timeout", "at least 1s", "1ns"}},
 		{name: "ttl below a second", body: []string{"ttl 1ns"}, line: 3, want: []string{"ttl", "at least 1s", "1ns"}},
 		{name: "ttl 999ms", body: []string{"lock_timeout 5s", "ttl 999ms"}, line: 4, want: []string{"ttl", "at least 1s", "999ms"}},
+		{name: "in_flight wait timeout below the floor", body: []string{"in_flight wait 1ms", "ttl 1h"}, line: 3, want: []string{"wait_timeout must be at least 10ms, got 1ms"}},
 		{name: "ttl below a second, options after", body: []string{"ttl 1ns", "required", "methods POST"}, line: 3, want: []string{"ttl", "at least 1s", "1ns"}},
 		{name: "memory max_bytes below a megabyte, max_keys after", body: []string{"storage memory {", "\tmax_bytes 64KiB", "\tmax_keys 10", "}", "ttl 1h"}, line: 4, want: []string{"memory storage: max_bytes must be at least 1.0 MiB"}},
 		{name: "scope blank", body: []string{"scope \" \""}, line: 3, want: []string{"scope", "blank"}},

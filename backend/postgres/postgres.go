@@ -201,7 +201,7 @@ func (p *Storage) compile() (postgresConfig, error) {
 		return postgresConfig{}, opterr.New(err, "replay_cache")
 	}
 	if p.DSN == "" {
-		return postgresConfig{}, opterr.New(errors.New("postgres storage: dsn is required"), "dsn")
+		return postgresConfig{}, opterr.Missing("dsn", errors.New("postgres storage: dsn is required"))
 	}
 	return postgresConfig{
 		DSN:             p.DSN,

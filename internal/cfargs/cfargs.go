@@ -29,6 +29,7 @@ type Given map[string]mark
 type mark struct {
 	at    caddyfile.Token
 	order int
+	set   bool // by another option (see Sets)
 }
 
 // Add records opt as given, ending at d's current token: for an option
@@ -37,19 +38,27 @@ func (g Given) Add(d *caddyfile.Dispenser, opt string) {
 	g[opt] = mark{at: d.Token(), order: len(g)}
 }
 
+// Sets records that the option being read sets opt's field too (in_flight
+// wait <timeout> sets wait_timeout), so that an error about opt is
+// reported at d's current token. opt may still come on a line of its own:
+// what that means is the parser's to say.
+func (g Given) Sets(d *caddyfile.Dispenser, opt string) {
+	g[opt] = mark{at: d.Token(), order: len(g), set: true}
+}
+
 // EachOption calls parse for each option of the block after the current
 // token, and rejects an option given twice: what names the block in that
 // error (e.g. "redis storage "), and given (nil: none) holds the options
 // the block's first line gave. Then it calls check (nil: none) once, and
 // reports its error at the line of the last of the error's options the
-// block gives; an error that names no option, at the end of the block.
+// block gives; an error that names none of them, at the end of the block.
 func EachOption(d *caddyfile.Dispenser, what string, given Given, parse func(opt string) error, check func() error) error {
 	if given == nil {
 		given = make(Given)
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if _, ok := given[opt]; ok {
+		if m, ok := given[opt]; ok && !m.set {
 			return d.Errf("%s%s already specified", what, opt)
 		}
 		if err := parse(opt); err != nil {
@@ -69,12 +78,15 @@ func EachOption(d *caddyfile.Dispenser, what string, given Given, parse func(opt
 		return d.WrapErr(err)
 	}
 	last, ok := given.last(opts)
-	if !ok {
-		// About an option the block leaves out: a required one (the dsn
-		// of postgres). Such a block has always adapted, and Provision
+	switch {
+	case !ok && opterr.IsMissing(err):
+		// A required option the block leaves out (the dsn of
+		// postgres): such a block has always adapted, and Provision
 		// refuses it. A compile checks required options after the
 		// values, so this error hides none about a line of the block.
 		return nil
+	case !ok:
+		return d.WrapErr(err)
 	}
 	at := caddyfile.NewDispenser([]caddyfile.Token{last})
 	at.Next()

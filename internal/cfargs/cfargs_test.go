@@ -89,13 +89,55 @@ func TestAnOptionWithABlockIsReportedWhereItsBlockEnds(t *testing.T) {
 	wantLine(t, err, 4, "fingerprint ignore")
 }
 
-func TestAnErrorAboutAnOptionLeftOutIsLeftToProvision(t *testing.T) {
+func TestARequiredOptionLeftOutIsLeftToProvision(t *testing.T) {
 	err := readBlock(t, "test {\n\ttable t\n}", func(map[string][]string) error {
-		return opterr.Errorf("dsn", "postgres storage: dsn is required")
+		return opterr.Missing("dsn", errors.New("postgres storage: dsn is required"))
 	})
 	if err != nil {
-		t.Errorf("error %v about an option the block does not give", err)
+		t.Errorf("error %v about a required option the block leaves out", err)
 	}
+}
+
+// TestAnErrorAboutAnOptionNotGivenIsStillReported: an option name that
+// the parser never records (a compile naming a field the Caddyfile sets
+// under another name) is reported at the end of the block, never dropped.
+func TestAnErrorAboutAnOptionNotGivenIsStillReported(t *testing.T) {
+	err := readBlock(t, "test {\n\tttl 1s\n}", func(map[string][]string) error {
+		return opterr.Errorf("wait_timeout", "wait_timeout must be at least 10ms, got 1ms")
+	})
+	wantLine(t, err, 3, "wait_timeout must be at least 10ms")
+}
+
+// TestAnOptionThatSetsAnotherIsWhereErrorsAboutThatOneGo: in_flight wait
+// <timeout> sets wait_timeout; an error about wait_timeout goes to its
+// line, and wait_timeout on a line of its own is the parser's to judge.
+func TestAnOptionThatSetsAnotherIsWhereErrorsAboutThatOneGo(t *testing.T) {
+	read := func(input string, parse func(d *caddyfile.Dispenser, given Given, opt string) error) error {
+		d := caddyfile.NewTestDispenser(input)
+		d.Next()
+		given := make(Given)
+		return EachOption(d, "", given, func(opt string) error { return parse(d, given, opt) }, func() error {
+			return opterr.Errorf("wait_timeout", "wait_timeout must be at least 10ms, got 1ms")
+		})
+	}
+	inFlight := func(d *caddyfile.Dispenser, given Given, opt string) error {
+		if opt == "in_flight" {
+			d.NextArg()
+			if d.NextArg() {
+				given.Sets(d, "wait_timeout")
+			}
+		}
+		d.RemainingArgs()
+		return nil
+	}
+	wantLine(t, read("test {\n\tttl 1h\n\tin_flight wait 1ms\n\tmethods POST\n}", inFlight), 3, "wait_timeout must be at least")
+	err := read("test {\n\tin_flight wait 1ms\n\twait_timeout 5s\n}", func(d *caddyfile.Dispenser, given Given, opt string) error {
+		if opt == "wait_timeout" {
+			return d.Err("wait_timeout is already given by in_flight wait <timeout>")
+		}
+		return inFlight(d, given, opt)
+	})
+	wantLine(t, err, 3, "wait_timeout is already given")
 }
 
 func TestAnErrorThatNamesNoOptionIsReportedAtTheEndOfTheBlock(t *testing.T) {

@@ -19,6 +19,8 @@ type Error struct {
 	// a rule between options ("url", "addresses") in any order.
 	Options []string
 	Err     error
+	// Missing says that the option is required and not given.
+	Missing bool
 }
 
 func (e *Error) Error() string { return e.Err.Error() }
@@ -36,6 +38,17 @@ func New(err error, options ...string) error {
 // Errorf returns an Error about option with the formatted message.
 func Errorf(option, format string, a ...any) error {
 	return &Error{Options: []string{option}, Err: fmt.Errorf(format, a...)}
+}
+
+// Missing returns err as the absence of option, which is required.
+func Missing(option string, err error) error {
+	return &Error{Options: []string{option}, Err: err, Missing: true}
+}
+
+// IsMissing reports whether err is about a required option not given.
+func IsMissing(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Missing
 }
 
 // Options returns the options err is about; nil when it names none.

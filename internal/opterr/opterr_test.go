@@ -25,4 +25,7 @@ func TestAnErrorNamesItsOptionsAndKeepsItsMessage(t *testing.T) {
 	if got := Options(cause); got != nil {
 		t.Errorf("a plain error names %q", got)
 	}
+	if IsMissing(err) || !IsMissing(fmt.Errorf("x: %w", Missing("dsn", cause))) {
+		t.Error("IsMissing tells a required option left out from other errors wrongly")
+	}
 }
