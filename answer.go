@@ -70,7 +70,7 @@ func (h *Handler) storeErrorAnswer(err error) answer {
 		return answer{outcome: outcomeStoreError, act: actReject, problem: problemStoreFull,
 			detail: "too many requests are being tracked; retry later", retryAfter: storeFullRetryAfter,
 			level: zapcore.ErrorLevel, msg: "idempotency store is full; rejecting a new key"}
-	case h.OnStorageError == failOpen && storage.Unavailable(err):
+	case h.onStorageError == failOpen && storage.Unavailable(err):
 		// Only a store that cannot be reached or is too slow is passed
 		// by: an error that proves it answered (a corrupt record, a
 		// refused write) fails closed.

@@ -63,11 +63,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := cfargs.NoArgs(d); err != nil {
 		return err
 	}
-	return cfargs.EachOption(d, "", nil, func(opt string) error { return h.parseOption(d, opt) }, h.check)
+	given := make(cfargs.Given)
+	return cfargs.EachOption(d, "", given, func(opt string) error { return h.parseOption(d, given, opt) }, func() error {
+		_, err := h.compile()
+		return err
+	})
 }
 
 // parseOption parses one option of the directive's block.
-func (h *Handler) parseOption(d *caddyfile.Dispenser, opt string) error {
+func (h *Handler) parseOption(d *caddyfile.Dispenser, given cfargs.Given, opt string) error {
 	switch opt {
 	case "storage":
 		raw, err := parseStorage(d)
@@ -110,7 +114,7 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, opt string) error {
 	case "release_on":
 		return cfargs.ArgsList(d, &h.ReleaseOn)
 	case "in_flight":
-		return h.parseInFlight(d)
+		return h.parseInFlight(d, given)
 	case "wait_timeout":
 		if h.WaitTimeout != 0 {
 			return d.Err("wait_timeout is already given by in_flight wait <timeout>")
@@ -171,7 +175,7 @@ func (h *Handler) parseFingerprint(d *caddyfile.Dispenser) error {
 	}, nil)
 }
 
-func (h *Handler) parseInFlight(d *caddyfile.Dispenser) error {
+func (h *Handler) parseInFlight(d *caddyfile.Dispenser, given cfargs.Given) error {
 	if err := cfargs.OneOfArgs(d, &h.InFlight, inFlightReject, inFlightWait); err != nil {
 		return err
 	}
@@ -190,6 +194,7 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser) error {
 			return d.Errf("in_flight wait timeout must be positive, got '%s'", s)
 		}
 		h.WaitTimeout = caddy.Duration(dur)
+		given.Sets(d, "wait_timeout")
 	}
 	return cfargs.NoArgs(d)
 }

@@ -153,6 +153,13 @@ func TestRedisCaddyfileErrors(t *testing.T) {
 		{"key_prefix with a closing brace", []string{"storage redis {", "\tkey_prefix app}", "}"}, 4, []string{"key_prefix must not contain"}},
 		{"replay_cache ttl below the floor", []string{"storage redis {", "\treplay_cache 100 2ns", "}"}, 4, []string{"redis storage: replay_cache: ttl must be at least 1s, got 2ns"}},
 		{"replay_cache ttl above the ceiling", []string{"storage redis {", "\treplay_cache 100 106751d", "}"}, 4, []string{"redis storage: replay_cache: ttl must be at most 24h0m0s"}},
+		// Each error at the line of the option it names, whatever follows.
+		{"a bad value before other options", []string{"storage redis {", "\ttimeout 2ns", "\tkey_prefix k:", "\tpool_size 2", "}"}, 4, []string{"timeout must be at least 10ms"}},
+		{"a user in url, username lines later", []string{"storage redis {", "\turl redis://u@cache:6379", "\tkey_prefix k:", "\tusername v", "}"}, 6, []string{"a user is set both in url and in username"}},
+		{"username, a user in url lines later", []string{"storage redis {", "\tusername v", "\tkey_prefix k:", "\turl redis://u@cache:6379", "}"}, 6, []string{"a user is set both in url and in username"}},
+		{"a password in the url shorthand, password later", []string{"storage redis redis://:pw@cache:6379 {", "\tkey_prefix k:", "\tpassword other", "}"}, 5, []string{"a password is set both in url and in password"}},
+		{"tls_key_file without its cert", []string{"storage redis {", "\turl redis://cache:6379", "\ttls_key_file k.pem", "\tkey_prefix x:", "}"}, 5, []string{"tls_cert_file and tls_key_file go together"}},
+		{"sentinel_username far from the end", []string{"storage redis {", "\tsentinel_username u", "\taddresses s1:26379", "\tkey_prefix k:", "}"}, 4, []string{"sentinel_username needs master_name"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -311,6 +318,8 @@ func TestCaddyfilePostgresErrors(t *testing.T) {
 		{name: "max_conns zero", body: postgres("max_conns 0"), line: 4, want: []string{"max_conns", "positive integer", "'0'"}},
 		{name: "max_conns negative", body: postgres("max_conns -4"), line: 4, want: []string{"max_conns", "positive integer", "'-4'"}},
 		{name: "max_conns not a number", body: postgres("max_conns lots"), line: 4, want: []string{"max_conns", "positive integer", "'lots'"}},
+		{name: "a bad table before the dsn", body: postgres("table Keys", "dsn x", "max_conns 2"), line: 4, want: []string{"table", `"Keys"`}},
+		{name: "a bad replay_cache without dsn", body: postgres("table keys", "replay_cache 0"), line: 5, want: []string{"replay_cache: max_entries must be positive"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

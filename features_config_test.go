@@ -16,7 +16,7 @@ func TestFeatureOptionChecksInJSON(t *testing.T) {
 		if err := json.Unmarshal([]byte(config), &h); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.check(); err == nil {
+		if _, err := h.compile(); err == nil {
 			t.Errorf("%s: no error", config)
 		}
 	}

@@ -145,11 +145,11 @@ func (x *exchange) enforce(a answer) error {
 	}
 	x.settle(a.outcome)
 	x.repl.Set(placeholderProblem, a.problem.typeURI())
-	if h.Errors == errorsHandleErrors {
+	if h.errors == errorsHandleErrors {
 		// The problem goes to the site's error routes instead.
 		return caddyhttp.Error(a.problem.status, errors.New(a.detail))
 	}
-	return writeProblem(x.w, h.DocsURL, a.problem, a.detail, differs, x.requestID)
+	return writeProblem(x.w, h.docsURL, a.problem, a.detail, differs, x.requestID)
 }
 
 // keyHash is the key hash of the request's key, "" before it has one.
@@ -176,7 +176,7 @@ func (x *exchange) execute(token storage.Token) error {
 	// Runs after the record is settled: the write that settles it keeps
 	// the lease alive, in aftercare if the store cannot take it at once.
 	defer l.stop()
-	rec := newRecorder(w, h.MaxResponseSize, h.observing)
+	rec := newRecorder(w, h.maxResponseSize, h.observing)
 	defer rec.unbound()
 
 	if !h.observing {
@@ -251,7 +251,7 @@ func (h *Handler) finish(ctx context.Context, key storage.Key, token storage.Tok
 			h.logger.Warn("the response broke off after its status was sent; recording status and headers without the body",
 				zap.String("key_hash", key.Hash()), zap.Int("status", status), zap.String("failure", failure))
 		}
-		identityBody(resp, h.MaxResponseSize)
+		identityBody(resp, h.maxResponseSize)
 		h.keeper.complete(ctx, key, token, resp)
 	}
 }
@@ -295,9 +295,9 @@ func (h *Handler) mismatchDetail(r *http.Request, k *keyedRequest, rec *storage.
 	differs := h.differs(r, k, rec)
 	if len(differs) > 0 {
 		return fmt.Sprintf("this %s was already used for a request that differs in %s; use a new key for a new operation",
-			h.Header, strings.Join(differs, ", ")), differs
+			h.header, strings.Join(differs, ", ")), differs
 	}
-	return fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.Header), nil
+	return fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.header), nil
 }
 
 // differs names the parts of the request that differ from the recorded

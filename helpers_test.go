@@ -148,5 +148,5 @@ func records(h *Handler) int {
 // would have: h's keeper observes it, and aftercare writes to it.
 func (h *Handler) useStore(store storage.Store) {
 	h.store = store
-	h.keeper = newKeeper(store, h.backendName).forHandler(time.Duration(h.LockTimeout), time.Duration(h.TTL), h.logger, h.holdStore)
+	h.keeper = newKeeper(store, h.backendName).forHandler(time.Duration(h.lockTimeout), time.Duration(h.ttl), h.logger, h.holdStore)
 }

@@ -56,7 +56,7 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 	var id string
 	if len(values) > 0 {
 		var err error
-		if id, err = fingerprint.ParseKey(values, h.MaxKeyLength); err != nil {
+		if id, err = fingerprint.ParseKey(values, h.maxKeyLength); err != nil {
 			return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: err.Error()}
 		}
 	}
@@ -72,12 +72,12 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 	if !ok {
 		return nil, &refusal{outcome: outcomeStoreError, err: errStoreClosed}
 	}
-	body, err := readBody(r, h.MaxBodySize)
+	body, err := readBody(r, h.maxBodySize)
 	if err != nil {
 		unhold()
 		if errors.Is(err, errBodyTooLarge) {
 			return nil, &refusal{outcome: outcomeTooLarge, problem: problemTooLarge,
-				detail: fmt.Sprintf("requests with an %s may carry at most %d bytes", h.Header, h.MaxBodySize)}
+				detail: fmt.Sprintf("requests with an %s may carry at most %d bytes", h.header, h.maxBodySize)}
 		}
 		return nil, &refusal{outcome: outcomeInvalid, err: err}
 	}
@@ -109,12 +109,12 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 
 // noKey is the refusal of a request without a key.
 func (h *Handler) noKey() *refusal {
-	if !h.Required {
+	if !h.required {
 		return &refusal{outcome: outcomePassed}
 	}
-	detail := fmt.Sprintf("this endpoint requires an %s header with a unique key per operation", h.Header)
+	detail := fmt.Sprintf("this endpoint requires an %s header with a unique key per operation", h.header)
 	if h.keyJSON != nil {
-		detail = fmt.Sprintf("this endpoint requires an %s header, or a JSON body with the key at %s", h.Header, h.keyJSON)
+		detail = fmt.Sprintf("this endpoint requires an %s header, or a JSON body with the key at %s", h.header, h.keyJSON)
 	}
 	return &refusal{outcome: outcomeMissing, problem: problemKeyMissing, detail: detail}
 }
@@ -142,14 +142,14 @@ func (h *Handler) keyFromBody(body []byte) (string, *refusal) {
 		if json.Unmarshal(v, &s) != nil {
 			return "", invalid("is not a valid JSON string")
 		}
-		id, err := fingerprint.ParseKey([]string{s}, h.MaxKeyLength)
+		id, err := fingerprint.ParseKey([]string{s}, h.maxKeyLength)
 		if err != nil || strings.ContainsRune(s, '"') {
-			return "", invalid("must be visible ASCII without commas or quotes, at most " + fmt.Sprint(h.MaxKeyLength) + " bytes")
+			return "", invalid("must be visible ASCII without commas or quotes, at most " + fmt.Sprint(h.maxKeyLength) + " bytes")
 		}
 		return id, nil
 	case isJSONInteger(v):
-		if len(v) > h.MaxKeyLength {
-			return "", invalid(fmt.Sprintf("is longer than %d digits", h.MaxKeyLength))
+		if len(v) > h.maxKeyLength {
+			return "", invalid(fmt.Sprintf("is longer than %d digits", h.maxKeyLength))
 		}
 		return string(v), nil
 	}

@@ -5,6 +5,7 @@
 package idempotency
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -203,17 +205,39 @@ type Handler struct {
 	backendName  string          // its name: memory, redis, postgres
 	store        storage.Store   // the backend's store
 	keeper       *keeper         // the requests' conversation with the store
-	methods      []string
-	headerKey    string
-	scope        *scopeTemplate
-	keyJSON      *fingerprint.Pointer // nil without key_json
-	observing    bool                 // mode observe
-	nothingAfter uint32               // warnNothingAfter has warned (atomic)
-	waiting      int32                // requests waiting for an in-flight first one (atomic)
-	replayHeader string
-	releaseOn    statusSet
-	fingerprint  *fingerprint.Fingerprinter
+	nothingAfter uint32          // warnNothingAfter has warned (atomic)
+	waiting      int32           // requests waiting for an in-flight first one (atomic)
 	logger       *zap.Logger
+
+	// What requests run on, set by Provision. Embedded, so that requests
+	// read h.ttl or h.scope; the fields above stay as configured.
+	policy
+}
+
+// policy is the handler's configuration compiled (see compile): defaults
+// filled in, each value checked and parsed once. A field named after an
+// option holds its value, defaulted.
+type policy struct {
+	ttl             caddy.Duration
+	lockTimeout     caddy.Duration
+	methods         []string // upper case
+	header          string   // as configured, for messages
+	headerKey       string   // header, canonical
+	required        bool
+	scope           *scopeTemplate
+	maxKeyLength    int
+	maxBodySize     int64
+	maxResponseSize int64
+	fingerprint     *fingerprint.Fingerprinter
+	releaseOn       statusSet
+	inFlight        string
+	waitTimeout     caddy.Duration
+	onStorageError  string
+	replayHeader    string // canonical; empty for off
+	docsURL         string
+	observing       bool                 // mode observe
+	errors          string               // errors problem or handle_errors
+	keyJSON         *fingerprint.Pointer // nil without key_json
 }
 
 // FingerprintConfig chooses what a request's fingerprint covers: always the
@@ -245,100 +269,147 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision fills in defaults, checks the configuration and loads the
-// store.
+// Provision compiles the configuration and loads the store. A config that
+// does not compile holds nothing that Cleanup must give back.
 func (h *Handler) Provision(ctx caddy.Context) error {
+	p, err := h.compile()
+	if err != nil {
+		return err
+	}
+	h.policy = p
 	h.logger = ctx.Logger()
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
-	h.setDefaults()
-	// Check the settings before acquiring a store: a config that fails
-	// here holds nothing that Cleanup must give back.
-	if err := h.check(); err != nil {
-		return err
-	}
-
-	h.methods = make([]string, len(h.Methods))
-	for i, m := range h.Methods {
-		h.methods[i] = strings.ToUpper(m)
-	}
-	h.headerKey = textproto.CanonicalMIMEHeaderKey(h.Header)
-	h.scope, _ = newScopeTemplate(h.Scope)           // checked
-	h.fingerprint, _ = h.Fingerprint.fingerprinter() // checked
-	if h.KeyJSON != "" {
-		p, _ := fingerprint.ParsePointer(h.KeyJSON) // checked
-		h.keyJSON = &p
-	}
-	h.observing = h.Mode == modeObserve
-	h.releaseOn, _ = parseStatusSet(h.ReleaseOn) // checked
-	switch h.ReplayHeader {
-	case replayHeaderOff:
-		h.replayHeader = ""
-	default:
-		h.replayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
-	}
 	return h.loadStorage(ctx)
 }
 
-// setDefaults fills in every option left unset.
-func (h *Handler) setDefaults() {
-	if h.TTL == 0 {
-		h.TTL = caddy.Duration(defaultTTL)
+// compile fills in defaults, checks every option and builds the policy
+// that requests run on. It is pure (no I/O, no placeholders) and leaves
+// h as configured, so that the Caddyfile parser runs it on the block it
+// has read and Provision on the config it loads. An error names its
+// option (opterr), for the Caddyfile to point at that option's line.
+func (h *Handler) compile() (policy, error) {
+	var p policy
+	for _, d := range []struct {
+		name               string
+		v, min, max, deflt caddy.Duration
+		dst                *caddy.Duration
+	}{
+		{"ttl", h.TTL, minTTL, maxTTL, caddy.Duration(defaultTTL), &p.ttl},
+		{"lock_timeout", h.LockTimeout, minLockTimeout, maxLockTimeout, caddy.Duration(defaultLockTimeout), &p.lockTimeout},
+		{"wait_timeout", h.WaitTimeout, minWaitTimeout, maxWaitTimeout, caddy.Duration(defaultWaitTimeout), &p.waitTimeout},
+	} {
+		if err := backend.CheckDuration(d.name, d.v, d.min, d.max); err != nil {
+			return policy{}, opterr.New(err, d.name)
+		}
+		*d.dst = cmp.Or(d.v, d.deflt)
 	}
-	if h.LockTimeout == 0 {
-		h.LockTimeout = caddy.Duration(defaultLockTimeout)
+	switch {
+	case h.MaxKeyLength < 0:
+		return policy{}, opterr.Errorf("max_key_length", "max_key_length must be positive, got %d", h.MaxKeyLength)
+	case h.MaxBodySize < 0:
+		return policy{}, opterr.Errorf("max_body_size", "max_body_size must be positive, got %d", h.MaxBodySize)
+	case h.MaxResponseSize < 0:
+		return policy{}, opterr.Errorf("max_response_size", "max_response_size must be positive, got %d", h.MaxResponseSize)
+	case h.Scope != "" && strings.TrimSpace(h.Scope) == "":
+		return policy{}, opterr.Errorf("scope", "scope must not be blank; to share keys between all clients, use a constant such as 'global'")
 	}
-	if len(h.Methods) == 0 {
-		h.Methods = defaultMethods
+	p.maxKeyLength = cmp.Or(h.MaxKeyLength, defaultMaxKeyLength)
+	p.maxBodySize = cmp.Or(h.MaxBodySize, defaultMaxBodySize)
+	p.maxResponseSize = cmp.Or(h.MaxResponseSize, defaultMaxResponseSize)
+	var err error
+	if p.scope, err = newScopeTemplate(cmp.Or(h.Scope, defaultScope)); err != nil {
+		return policy{}, opterr.New(err, "scope")
 	}
-	if h.Header == "" {
-		h.Header = defaultHeader
+	switch {
+	case h.Mode != "" && h.Mode != modeEnforce && h.Mode != modeObserve:
+		return policy{}, opterr.Errorf("mode", "mode must be %s or %s, got '%s'", modeEnforce, modeObserve, h.Mode)
+	case h.Errors != "" && h.Errors != errorsProblem && h.Errors != errorsHandleErrors:
+		return policy{}, opterr.Errorf("errors", "errors must be %s or %s, got '%s'", errorsProblem, errorsHandleErrors, h.Errors)
 	}
-	if h.Scope == "" {
-		h.Scope = defaultScope
+	p.observing = h.Mode == modeObserve
+	p.errors = cmp.Or(h.Errors, errorsProblem)
+	if h.KeyJSON != "" {
+		ptr, err := fingerprint.ParsePointer(h.KeyJSON)
+		if err != nil {
+			return policy{}, opterr.Errorf("key_json", "key_json: %v", err)
+		}
+		p.keyJSON = &ptr
 	}
-	if h.MaxKeyLength == 0 {
-		h.MaxKeyLength = defaultMaxKeyLength
+	methods := h.Methods
+	if len(methods) == 0 {
+		methods = defaultMethods
 	}
-	if h.MaxBodySize == 0 {
-		h.MaxBodySize = defaultMaxBodySize
+	for _, m := range methods {
+		if !isToken(m) {
+			return policy{}, opterr.Errorf("methods", "methods: %q is not a valid method name", m)
+		}
+		p.methods = append(p.methods, strings.ToUpper(m))
 	}
-	if h.MaxResponseSize == 0 {
-		h.MaxResponseSize = defaultMaxResponseSize
+	if h.Header != "" && !isToken(h.Header) {
+		return policy{}, opterr.Errorf("header", "header: %q is not a valid header name", h.Header)
 	}
-	if h.Fingerprint == nil {
-		h.Fingerprint = new(FingerprintConfig)
+	p.header = cmp.Or(h.Header, defaultHeader)
+	p.headerKey = textproto.CanonicalMIMEHeaderKey(p.header)
+	if p.fingerprint, err = h.Fingerprint.fingerprinter(); err != nil {
+		return policy{}, opterr.New(err, "fingerprint")
 	}
-	if len(h.Fingerprint.Headers) == 0 {
-		h.Fingerprint.Headers = defaultFingerprintHeaders
+	switch h.ReplayHeader {
+	case "":
+		p.replayHeader = defaultReplayHeader
+	case replayHeaderOff:
+	default:
+		if !isToken(h.ReplayHeader) {
+			return policy{}, opterr.Errorf("replay_header", "replay_header: %q is not a valid header name", h.ReplayHeader)
+		}
+		p.replayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
 	}
-	if len(h.ReleaseOn) == 0 {
-		h.ReleaseOn = defaultReleaseOn
+	switch h.InFlight {
+	case "", inFlightReject, inFlightWait:
+		p.inFlight = cmp.Or(h.InFlight, inFlightReject)
+	default:
+		return policy{}, opterr.Errorf("in_flight", "in_flight must be %q or %q, got %q", inFlightReject, inFlightWait, h.InFlight)
 	}
-	if h.InFlight == "" {
-		h.InFlight = inFlightReject
+	switch h.OnStorageError {
+	case "", failClosed, failOpen:
+		p.onStorageError = cmp.Or(h.OnStorageError, failClosed)
+	default:
+		return policy{}, opterr.Errorf("on_storage_error", "on_storage_error must be %q or %q, got %q", failClosed, failOpen, h.OnStorageError)
 	}
-	if h.WaitTimeout == 0 {
-		h.WaitTimeout = caddy.Duration(defaultWaitTimeout)
+	if h.DocsURL != "" {
+		u, err := url.Parse(h.DocsURL)
+		if err != nil || !u.IsAbs() || u.Host == "" {
+			return policy{}, opterr.Errorf("docs_url", "docs_url must be an absolute URL, got %q", h.DocsURL)
+		}
 	}
-	if h.OnStorageError == "" {
-		h.OnStorageError = failClosed
+	p.docsURL = h.DocsURL
+	releaseOn := h.ReleaseOn
+	if len(releaseOn) == 0 {
+		releaseOn = defaultReleaseOn
 	}
-	if h.ReplayHeader == "" {
-		h.ReplayHeader = defaultReplayHeader
+	if p.releaseOn, err = parseStatusSet(releaseOn); err != nil {
+		return policy{}, opterr.Errorf("release_on", "release_on: %w", err)
 	}
-	if h.Mode == "" {
-		h.Mode = modeEnforce
-	}
-	if h.Errors == "" {
-		h.Errors = errorsProblem
-	}
+	p.required = h.Required
+	return p, nil
 }
 
-// fingerprinter builds the Fingerprinter fc describes, and checks it.
+// fingerprinter builds the Fingerprinter fc describes (nil: the
+// defaults), and checks it.
 func (fc *FingerprintConfig) fingerprinter() (*fingerprint.Fingerprinter, error) {
+	if fc == nil {
+		fc = new(FingerprintConfig)
+	}
 	opts := fingerprint.Options{Headers: fc.Headers, CanonicalJSON: fc.CanonicalJSON == nil || *fc.CanonicalJSON}
+	if len(opts.Headers) == 0 {
+		opts.Headers = defaultFingerprintHeaders
+	}
+	for _, name := range opts.Headers {
+		if !isToken(name) {
+			return nil, fmt.Errorf("fingerprint headers: %q is not a valid header name", name)
+		}
+	}
 	for _, s := range fc.Ignore {
 		p, err := fingerprint.ParsePointer(s)
 		if err != nil {
@@ -362,11 +433,11 @@ func (h *Handler) loadStorage(ctx caddy.Context) error {
 	}
 	h.backend, h.backendName = backend, name
 	h.store = backend.Store()
-	if kl, ok := h.store.(storage.KeyLimiter); ok && kl.MaxKeyLength() > 0 && h.MaxKeyLength > kl.MaxKeyLength() {
+	if kl, ok := h.store.(storage.KeyLimiter); ok && kl.MaxKeyLength() > 0 && h.maxKeyLength > kl.MaxKeyLength() {
 		// Refused at start-up, not with a 503 for every long key.
-		return fmt.Errorf("max_key_length %d is more than the %s store can hold: at most %d", h.MaxKeyLength, name, kl.MaxKeyLength())
+		return opterr.Errorf("max_key_length", "max_key_length %d is more than the %s store can hold: at most %d", h.maxKeyLength, name, kl.MaxKeyLength())
 	}
-	h.keeper = newKeeper(h.store, name).forHandler(time.Duration(h.LockTimeout), time.Duration(h.TTL), h.logger, h.holdStore)
+	h.keeper = newKeeper(h.store, name).forHandler(time.Duration(h.lockTimeout), time.Duration(h.ttl), h.logger, h.holdStore)
 	return nil
 }
 
@@ -379,96 +450,17 @@ func (h *Handler) holdStore() (release func(), ok bool) {
 	return func() {}, true
 }
 
-// Validate reports configuration errors. Provision has already checked the
-// settings (before taking a store); this keeps the module honest when
-// validated on its own.
+// Validate reports configuration errors. Provision compiled the
+// configuration before taking a store, so a handler with a store has
+// none left; one that was not provisioned reports its compile error.
 func (h *Handler) Validate() error {
-	if h.store == nil {
-		return errors.New("no storage loaded")
+	if h.store != nil {
+		return nil
 	}
-	return h.check()
-}
-
-// check reports configuration errors. It is pure (no I/O, no
-// placeholders) and takes zero values as "the default", so that the
-// Caddyfile parser runs it after each option (reporting the line that made
-// the config invalid) and Provision runs it on the defaulted config.
-func (h *Handler) check() error {
-	for _, d := range []struct {
-		name     string
-		v        caddy.Duration
-		min, max caddy.Duration
-	}{
-		{"ttl", h.TTL, minTTL, maxTTL},
-		{"lock_timeout", h.LockTimeout, minLockTimeout, maxLockTimeout},
-		{"wait_timeout", h.WaitTimeout, minWaitTimeout, maxWaitTimeout},
-	} {
-		if err := backend.CheckDuration(d.name, d.v, d.min, d.max); err != nil {
-			return err
-		}
+	if _, err := h.compile(); err != nil {
+		return err
 	}
-	switch {
-	case h.MaxKeyLength < 0:
-		return fmt.Errorf("max_key_length must be positive, got %d", h.MaxKeyLength)
-	case h.MaxBodySize < 0:
-		return fmt.Errorf("max_body_size must be positive, got %d", h.MaxBodySize)
-	case h.MaxResponseSize < 0:
-		return fmt.Errorf("max_response_size must be positive, got %d", h.MaxResponseSize)
-	case h.Scope != "" && strings.TrimSpace(h.Scope) == "":
-		return errors.New("scope must not be blank; to share keys between all clients, use a constant such as 'global'")
-	case strings.Contains(h.Scope, placeholderMark):
-		return errors.New("scope must not contain a NUL character")
-	case h.Mode != "" && h.Mode != modeEnforce && h.Mode != modeObserve:
-		return fmt.Errorf("mode must be %s or %s, got '%s'", modeEnforce, modeObserve, h.Mode)
-	case h.Errors != "" && h.Errors != errorsProblem && h.Errors != errorsHandleErrors:
-		return fmt.Errorf("errors must be %s or %s, got '%s'", errorsProblem, errorsHandleErrors, h.Errors)
-	}
-	if h.KeyJSON != "" {
-		if _, err := fingerprint.ParsePointer(h.KeyJSON); err != nil {
-			return fmt.Errorf("key_json: %v", err)
-		}
-	}
-	for _, m := range h.Methods {
-		if !isToken(m) {
-			return fmt.Errorf("methods: %q is not a valid method name", m)
-		}
-	}
-	if h.Header != "" && !isToken(h.Header) {
-		return fmt.Errorf("header: %q is not a valid header name", h.Header)
-	}
-	if h.Fingerprint != nil {
-		for _, name := range h.Fingerprint.Headers {
-			if !isToken(name) {
-				return fmt.Errorf("fingerprint headers: %q is not a valid header name", name)
-			}
-		}
-		if _, err := h.Fingerprint.fingerprinter(); err != nil {
-			return err
-		}
-	}
-	if h.ReplayHeader != "" && h.ReplayHeader != replayHeaderOff && !isToken(h.ReplayHeader) {
-		return fmt.Errorf("replay_header: %q is not a valid header name", h.ReplayHeader)
-	}
-	switch h.InFlight {
-	case "", inFlightReject, inFlightWait:
-	default:
-		return fmt.Errorf("in_flight must be %q or %q, got %q", inFlightReject, inFlightWait, h.InFlight)
-	}
-	switch h.OnStorageError {
-	case "", failClosed, failOpen:
-	default:
-		return fmt.Errorf("on_storage_error must be %q or %q, got %q", failClosed, failOpen, h.OnStorageError)
-	}
-	if h.DocsURL != "" {
-		u, err := url.Parse(h.DocsURL)
-		if err != nil || !u.IsAbs() || u.Host == "" {
-			return fmt.Errorf("docs_url must be an absolute URL, got %q", h.DocsURL)
-		}
-	}
-	if _, err := parseStatusSet(h.ReleaseOn); err != nil {
-		return fmt.Errorf("release_on: %w", err)
-	}
-	return nil
+	return errors.New("no storage loaded")
 }
 
 // Cleanup releases nothing of its own: the storage guest module is cleaned

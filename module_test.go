@@ -2,15 +2,20 @@ package idempotency
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
@@ -45,6 +50,16 @@ func handlerFromJSON(t *testing.T, config string) *Handler {
 	return h
 }
 
+// mustScope compiles a scope template, for comparing with a handler's.
+func mustScope(t *testing.T, template string) *scopeTemplate {
+	t.Helper()
+	st, err := newScopeTemplate(template)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 func TestProvisionDefaults(t *testing.T) {
 	ctx, _ := caddyContext(t)
 	h := new(Handler)
@@ -56,25 +71,25 @@ func TestProvisionDefaults(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"ttl", time.Duration(h.TTL), 24 * time.Hour},
-		{"lock_timeout", time.Duration(h.LockTimeout), 30 * time.Second},
-		{"methods", h.Methods, []string{"POST", "PATCH"}},
-		{"methods (effective)", h.methods, []string{"POST", "PATCH"}},
-		{"header", h.Header, "Idempotency-Key"},
+		{"ttl", time.Duration(h.ttl), 24 * time.Hour},
+		{"lock_timeout", time.Duration(h.lockTimeout), 30 * time.Second},
+		{"methods", h.methods, []string{"POST", "PATCH"}},
+		{"header", h.header, "Idempotency-Key"},
 		{"header (effective)", h.headerKey, "Idempotency-Key"},
-		{"required", h.Required, false},
-		{"scope", h.Scope, "{http.request.host} {http.request.header.Authorization}"},
-		{"max_key_length", h.MaxKeyLength, 255},
-		{"max_body_size", h.MaxBodySize, int64(1 << 20)},
-		{"max_response_size", h.MaxResponseSize, int64(1 << 20)},
-		{"fingerprint.headers", h.Fingerprint.Headers, []string{"Content-Type"}},
+		{"required", h.required, false},
+		{"scope", h.scope, mustScope(t, "{http.request.host} {http.request.header.Authorization}")},
+		{"max_key_length", h.maxKeyLength, 255},
+		{"max_body_size", h.maxBodySize, int64(1 << 20)},
+		{"max_response_size", h.maxResponseSize, int64(1 << 20)},
+		{"fingerprint.headers", h.fingerprint.Headers(), []string{"Content-Type"}},
 		{"fingerprint.canonical_json (effective)", h.fingerprint.CanonicalJSON(), true},
-		{"release_on", h.ReleaseOn, []string{"5xx", "401", "403", "407", "408", "429"}},
-		{"in_flight", h.InFlight, "reject"},
-		{"wait_timeout", time.Duration(h.WaitTimeout), 10 * time.Second},
-		{"on_storage_error", h.OnStorageError, "fail_closed"},
+		{"in_flight", h.inFlight, "reject"},
+		{"wait_timeout", time.Duration(h.waitTimeout), 10 * time.Second},
+		{"on_storage_error", h.onStorageError, "fail_closed"},
 		{"replay_header (effective)", h.replayHeader, "Idempotent-Replayed"},
-		{"docs_url", h.DocsURL, ""},
+		{"docs_url", h.docsURL, ""},
+		{"mode", h.observing, false},
+		{"errors", h.errors, "problem"},
 		{"storage backend", h.backendName, "memory"},
 	}
 	for _, c := range checks {
@@ -140,22 +155,23 @@ func TestProvisionKeepsExplicitValues(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"ttl", time.Duration(h.TTL), time.Hour},
-		{"lock_timeout", time.Duration(h.LockTimeout), 5 * time.Second},
+		{"ttl", time.Duration(h.ttl), time.Hour},
+		{"lock_timeout", time.Duration(h.lockTimeout), 5 * time.Second},
 		{"methods (effective)", h.methods, []string{"POST", "PUT"}},
+		{"header", h.header, "x-request-key"},
 		{"header (effective)", h.headerKey, "X-Request-Key"},
-		{"required", h.Required, true},
-		{"scope", h.Scope, "{http.request.header.X-Tenant}"},
-		{"max_key_length", h.MaxKeyLength, 64},
-		{"max_body_size", h.MaxBodySize, int64(2048)},
-		{"max_response_size", h.MaxResponseSize, int64(4096)},
-		{"fingerprint.headers", h.Fingerprint.Headers, []string{"X-Tenant"}},
+		{"required", h.required, true},
+		{"scope", h.scope, mustScope(t, "{http.request.header.X-Tenant}")},
+		{"max_key_length", h.maxKeyLength, 64},
+		{"max_body_size", h.maxBodySize, int64(2048)},
+		{"max_response_size", h.maxResponseSize, int64(4096)},
+		{"fingerprint.headers", h.fingerprint.Headers(), []string{"X-Tenant"}},
 		{"fingerprint.canonical_json (effective)", h.fingerprint.CanonicalJSON(), false},
-		{"in_flight", h.InFlight, "wait"},
-		{"wait_timeout", time.Duration(h.WaitTimeout), 3 * time.Second},
-		{"on_storage_error", h.OnStorageError, "fail_open"},
+		{"in_flight", h.inFlight, "wait"},
+		{"wait_timeout", time.Duration(h.waitTimeout), 3 * time.Second},
+		{"on_storage_error", h.onStorageError, "fail_open"},
 		{"replay_header (effective)", h.replayHeader, "X-Replayed"},
-		{"docs_url", h.DocsURL, "https://api.example.com/docs#idempotency"},
+		{"docs_url", h.docsURL, "https://api.example.com/docs#idempotency"},
 		{"storage backend", h.backendName, "memory"},
 		{"release_on 429", h.releaseOn.has(429), true},
 		{"release_on 503", h.releaseOn.has(503), true},
@@ -459,5 +475,98 @@ func TestProvisionFailureHoldsNoStore(t *testing.T) {
 	}
 	if _, err := again.store.Get(bg, key, false); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("Get on the new store = %v, want ErrNotFound", err)
+	}
+}
+
+// TestCompileErrorsNameTheirOption: each rule's error names the option it
+// is about, which is how the Caddyfile points at that option's line
+// without reading the message.
+func TestCompileErrorsNameTheirOption(t *testing.T) {
+	for config, option := range map[string]string{
+		`{"ttl":"1ns"}`:                       "ttl",
+		`{"lock_timeout":"25h"}`:              "lock_timeout",
+		`{"wait_timeout":5}`:                  "wait_timeout",
+		`{"max_key_length":-1}`:               "max_key_length",
+		`{"max_body_size":-1}`:                "max_body_size",
+		`{"max_response_size":-1}`:            "max_response_size",
+		`{"scope":" "}`:                       "scope",
+		`{"scope":"a\u0000b"}`:                "scope",
+		`{"mode":"strict"}`:                   "mode",
+		`{"errors":"json"}`:                   "errors",
+		`{"key_json":"id"}`:                   "key_json",
+		`{"methods":["PO ST"]}`:               "methods",
+		`{"header":"A B"}`:                    "header",
+		`{"fingerprint":{"headers":["X Y"]}}`: "fingerprint",
+		`{"fingerprint":{"ignore":["x"]}}`:    "fingerprint",
+		`{"fingerprint":{"canonical_json":false,"ignore":["/x"]}}`: "fingerprint",
+		`{"replay_header":"A B"}`:                                  "replay_header",
+		`{"in_flight":"sometimes"}`:                                "in_flight",
+		`{"on_storage_error":"maybe"}`:                             "on_storage_error",
+		`{"docs_url":"/docs"}`:                                     "docs_url",
+		`{"release_on":["5xx","6xx"]}`:                             "release_on",
+	} {
+		_, err := handlerFromJSON(t, config).compile()
+		if got := opterr.Options(err); !slices.Equal(got, []string{option}) {
+			t.Errorf("%s: error %v names %q, want %s", config, err, got, option)
+		}
+	}
+}
+
+// TestAConfigThatDoesNotCompileHoldsNoStore: Provision compiles before it
+// loads the storage module, so a refused config takes no reference to a
+// pooled store that only Cleanup would give back.
+func TestAConfigThatDoesNotCompileHoldsNoStore(t *testing.T) {
+	ctx, _ := caddyContext(t)
+	storage := `{"backend":"memory","max_keys":` + strconv.FormatInt(900_000_000+nextMaxKeys.Add(1), 10) + `}`
+	bad := handlerFromJSON(t, `{"storage":`+storage+`,"release_on":["6xx"]}`)
+	if err := bad.Provision(ctx); err == nil || !strings.Contains(err.Error(), "release_on") {
+		t.Fatalf("Provision: %v, want the release_on error", err)
+	}
+	if bad.backend != nil || bad.store != nil {
+		t.Fatal("a config that does not compile holds a store")
+	}
+	good := handlerFromJSON(t, `{"storage":`+storage+`}`)
+	if err := tryProvision(t, ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	id := good.backend.(interface{ StoreID() string }).StoreID()
+	handlers := 0
+	for s := range backend.Live(id) {
+		handlers += s.Handlers
+	}
+	if handlers != 1 {
+		t.Errorf("the store of that storage config has %d handlers, want only the valid one", handlers)
+	}
+}
+
+// TestValidateReportsTheCompileErrorOfAnUnprovisionedHandler: Validate
+// does not check a provisioned handler again; one that never provisioned
+// gets its compile error, or the missing store.
+func TestValidateReportsTheCompileErrorOfAnUnprovisionedHandler(t *testing.T) {
+	if err := handlerFromJSON(t, `{"ttl":"1ns"}`).Validate(); err == nil || !strings.Contains(err.Error(), "ttl must be at least 1s") {
+		t.Errorf("Validate of an invalid handler: %v", err)
+	}
+	if err := new(Handler).Validate(); err == nil || !strings.Contains(err.Error(), "no storage loaded") {
+		t.Errorf("Validate of an unprovisioned handler: %v", err)
+	}
+	if err := provision(t, new(Handler)).Validate(); err != nil {
+		t.Errorf("Validate of a provisioned handler: %v", err)
+	}
+}
+
+// TestProvisionLeavesTheConfigAsWritten: the defaults go into the policy
+// requests run on, not into the JSON fields.
+func TestProvisionLeavesTheConfigAsWritten(t *testing.T) {
+	const config = `{"ttl":3600000000000,"methods":["post"],"fingerprint":{"canonical_json":false}}`
+	h := provision(t, handlerFromJSON(t, config))
+	out, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out) != config {
+		t.Errorf("after Provision the config is %s, want %s", out, config)
+	}
+	if time.Duration(h.ttl) != time.Hour || !slices.Equal(h.methods, []string{"POST"}) || time.Duration(h.lockTimeout) != defaultLockTimeout {
+		t.Errorf("policy ttl %v, methods %q, lock_timeout %v", time.Duration(h.ttl), h.methods, time.Duration(h.lockTimeout))
 	}
 }

@@ -14,11 +14,11 @@ import (
 // (RFC 7240), capped at wait_timeout, or wait_timeout with in_flight wait
 // when it asks nothing; asked says whether it asked.
 func (h *Handler) waitFor(r *http.Request) (wait time.Duration, asked bool) {
-	maxWait := time.Duration(h.WaitTimeout)
+	maxWait := time.Duration(h.waitTimeout)
 	if asked, ok := preferredWait(r.Header); ok {
 		return min(asked, maxWait), true
 	}
-	if h.InFlight == inFlightWait {
+	if h.inFlight == inFlightWait {
 		return maxWait, false
 	}
 	return 0, false

@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	memstore "github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
@@ -58,26 +59,37 @@ func (Storage) CaddyModule() caddy.ModuleInfo {
 
 // Provision takes the shared memory store for these settings.
 func (m *Storage) Provision(ctx caddy.Context) error {
-	if err := m.check(); err != nil {
+	opts, err := m.compile()
+	if err != nil {
 		return err
 	}
-	opts := memstore.Options{MaxKeys: m.MaxKeys, MaxBytes: m.MaxBytes, MaxKeysPerScope: m.MaxKeysPerScope}.WithDefaults()
 	where := fmt.Sprintf("this process (max_keys %d, max_bytes %s, max_keys_per_scope %d)",
 		opts.MaxKeys, humanize.IBytes(uint64(opts.MaxBytes)), opts.MaxKeysPerScope)
 	return m.Acquire(ctx.Logger(), "memory", opts, where, func() (storage.Store, error) { return memstore.New(opts), nil })
 }
 
-// check reports configuration errors; zero values are the defaults.
-func (m *Storage) check() error {
+// Validate reports configuration errors: none once provisioned (Provision
+// compiles the configuration first), else the compile error.
+func (m *Storage) Validate() error {
+	if m.Store() != nil {
+		return nil
+	}
+	_, err := m.compile()
+	return err
+}
+
+// compile checks the configuration and returns the store's options,
+// defaults filled in. It is pure; an error names its option (opterr).
+func (m *Storage) compile() (memstore.Options, error) {
 	switch {
 	case m.MaxKeys < 0:
-		return fmt.Errorf("memory storage: max_keys must be positive, got %d", m.MaxKeys)
+		return memstore.Options{}, opterr.Errorf("max_keys", "memory storage: max_keys must be positive, got %d", m.MaxKeys)
 	case m.MaxKeysPerScope < 0:
-		return fmt.Errorf("memory storage: max_keys_per_scope must be positive, got %d", m.MaxKeysPerScope)
+		return memstore.Options{}, opterr.Errorf("max_keys_per_scope", "memory storage: max_keys_per_scope must be positive, got %d", m.MaxKeysPerScope)
 	case m.MaxBytes != 0 && m.MaxBytes < minMemoryBytes:
-		return fmt.Errorf("memory storage: max_bytes must be at least %s, got %d", humanize.IBytes(minMemoryBytes), m.MaxBytes)
+		return memstore.Options{}, opterr.Errorf("max_bytes", "memory storage: max_bytes must be at least %s, got %d", humanize.IBytes(minMemoryBytes), m.MaxBytes)
 	}
-	return nil
+	return memstore.Options{MaxKeys: m.MaxKeys, MaxBytes: m.MaxBytes, MaxKeysPerScope: m.MaxKeysPerScope}.WithDefaults(), nil
 }
 
 // minMemoryBytes is the least max_bytes: below a megabyte a handful of
@@ -107,5 +119,13 @@ func (m *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return cfargs.SizeArg(d, &m.MaxBytes)
 		}
 		return d.Errf("unrecognized memory storage option '%s'", opt)
-	}, m.check)
+	}, func() error { _, err := m.compile(); return err })
 }
+
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*Storage)(nil)
+	_ caddy.Validator       = (*Storage)(nil)
+	_ caddyfile.Unmarshaler = (*Storage)(nil)
+	_ backend.Backend       = (*Storage)(nil)
+)

@@ -3,12 +3,14 @@ package memory
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -73,4 +75,34 @@ func fromJSON(t *testing.T, config string) *Storage {
 		t.Fatalf("decoding %s: %v", config, err)
 	}
 	return m
+}
+
+// TestMemoryValidateAndCompileErrors: a compile error names its option;
+// Validate reports it for a config that was not provisioned, Provision
+// refuses the config without taking a store, and a provisioned config
+// has nothing left to validate.
+func TestMemoryValidateAndCompileErrors(t *testing.T) {
+	for config, option := range map[string]string{
+		`{"max_keys":-1}`:           "max_keys",
+		`{"max_keys_per_scope":-1}`: "max_keys_per_scope",
+		`{"max_bytes":1024}`:        "max_bytes",
+	} {
+		bad := fromJSON(t, config)
+		if got := opterr.Options(bad.Validate()); !slices.Equal(got, []string{option}) {
+			t.Errorf("%s: Validate names %q, want %s", config, got, option)
+		}
+		ctx, _ := caddyContext(t)
+		if err := bad.Provision(ctx); err == nil || bad.Store() != nil {
+			t.Errorf("%s: Provision %v, store %v: want an error and no store", config, err, bad.Store())
+		}
+	}
+	ctx, _ := caddyContext(t)
+	m := fromJSON(t, `{"max_keys":1000}`)
+	if err := m.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Cleanup()
+	if err := m.Validate(); err != nil {
+		t.Errorf("Validate of a provisioned store: %v", err)
+	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
@@ -125,34 +126,17 @@ func (Storage) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision resolves the DSN, fills in defaults and takes the shared store
-// for this configuration, building its pool on first use. It never
-// connects, so PostgreSQL being down does not fail it.
+// Provision compiles the configuration, resolves the DSN's placeholders
+// and takes the shared store for the result, building its pool on first
+// use. It never connects, so PostgreSQL being down does not fail it.
 func (p *Storage) Provision(ctx caddy.Context) error {
-	if p.DSN == "" {
-		return errors.New("postgres storage: dsn is required")
-	}
-	if err := p.check(); err != nil {
+	cfg, err := p.compile()
+	if err != nil {
 		return err
 	}
-	p.Table = cmp.Or(p.Table, pgstore.DefaultTable)
-	if p.CreateTable == nil {
-		yes := true
-		p.CreateTable = &yes
-	}
-	p.CleanupInterval = cmp.Or(p.CleanupInterval, caddy.Duration(pgstore.DefaultCleanupInterval))
-	p.Timeout = cmp.Or(p.Timeout, caddy.Duration(defaultPostgresTimeout))
-	cfg := postgresConfig{
-		// ReplaceKnown, not ReplaceAll: a password may contain braces
-		// that are not a placeholder.
-		DSN:             caddy.NewReplacer().ReplaceKnown(p.DSN, ""),
-		Table:           p.Table,
-		CreateTable:     *p.CreateTable,
-		CleanupInterval: time.Duration(p.CleanupInterval),
-		MaxConns:        p.MaxConns,
-		Timeout:         time.Duration(p.Timeout),
-		Cache:           p.ReplayCache.Options(),
-	}
+	// ReplaceKnown, not ReplaceAll: a password may contain braces that
+	// are not a placeholder.
+	cfg.DSN = caddy.NewReplacer().ReplaceKnown(cfg.DSN, "")
 	if strings.TrimSpace(cfg.DSN) == "" {
 		return errors.New("postgres storage: dsn is empty once placeholders are resolved")
 	}
@@ -183,25 +167,51 @@ func (p *Storage) Provision(ctx caddy.Context) error {
 	})
 }
 
-// check reports configuration errors that need no placeholder resolved;
-// zero values are the defaults (the dsn, which is required, is checked
-// by Provision: in a Caddyfile block it may come last).
-func (p *Storage) check() error {
+// Validate reports configuration errors: none once provisioned (Provision
+// compiles the configuration first), else the compile error.
+func (p *Storage) Validate() error {
+	if p.Store() != nil {
+		return nil
+	}
+	_, err := p.compile()
+	return err
+}
+
+// compile checks the configuration and returns it with defaults filled
+// in and the DSN as written (Provision resolves its placeholders). It is
+// pure; an error names its option (opterr). The required dsn is checked
+// last, so that a Caddyfile block without one still has its values
+// checked.
+func (p *Storage) compile() (postgresConfig, error) {
 	if p.MaxConns < 0 || p.MaxConns > math.MaxInt32 {
-		return fmt.Errorf("postgres storage: max_conns must be a positive number, got %d", p.MaxConns)
+		return postgresConfig{}, opterr.Errorf("max_conns", "postgres storage: max_conns must be a positive number, got %d", p.MaxConns)
 	}
 	if err := backend.CheckDuration("cleanup_interval", p.CleanupInterval, caddy.Duration(minCleanupInterval), caddy.Duration(maxCleanupInterval)); err != nil {
-		return fmt.Errorf("postgres storage: %w", err)
+		return postgresConfig{}, opterr.Errorf("cleanup_interval", "postgres storage: %w", err)
 	}
 	if err := backend.CheckDuration("timeout", p.Timeout, caddy.Duration(minPostgresTimeout), caddy.Duration(maxPostgresTimeout)); err != nil {
-		return fmt.Errorf("postgres storage: %w", err)
+		return postgresConfig{}, opterr.Errorf("timeout", "postgres storage: %w", err)
 	}
 	if p.Table != "" {
 		if _, err := pgstore.Schema(p.Table); err != nil {
-			return fmt.Errorf("postgres storage: %w", err)
+			return postgresConfig{}, opterr.Errorf("table", "postgres storage: %w", err)
 		}
 	}
-	return p.ReplayCache.Check("postgres storage")
+	if err := p.ReplayCache.Check("postgres storage"); err != nil {
+		return postgresConfig{}, opterr.New(err, "replay_cache")
+	}
+	if p.DSN == "" {
+		return postgresConfig{}, opterr.Missing("dsn", errors.New("postgres storage: dsn is required"))
+	}
+	return postgresConfig{
+		DSN:             p.DSN,
+		Table:           cmp.Or(p.Table, pgstore.DefaultTable),
+		CreateTable:     p.CreateTable == nil || *p.CreateTable,
+		CleanupInterval: cmp.Or(time.Duration(p.CleanupInterval), pgstore.DefaultCleanupInterval),
+		MaxConns:        p.MaxConns,
+		Timeout:         cmp.Or(time.Duration(p.Timeout), defaultPostgresTimeout),
+		Cache:           p.ReplayCache.Options(),
+	}, nil
 }
 
 // logCleanup reports the periodic cleanups of a pool. The pool outlives
@@ -257,5 +267,13 @@ func (p *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 		return d.Errf("unrecognized postgres storage option '%s'", opt)
-	}, p.check)
+	}, func() error { _, err := p.compile(); return err })
 }
+
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*Storage)(nil)
+	_ caddy.Validator       = (*Storage)(nil)
+	_ caddyfile.Unmarshaler = (*Storage)(nil)
+	_ backend.Backend       = (*Storage)(nil)
+)

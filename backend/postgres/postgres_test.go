@@ -3,11 +3,13 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
@@ -18,8 +20,12 @@ func TestPostgresProvisionDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Cleanup()
-	if p.Table != "idempotency_keys" || p.CreateTable == nil || !*p.CreateTable || p.CleanupInterval != caddy.Duration(pgstore.DefaultCleanupInterval) || p.MaxConns != 0 {
-		t.Fatalf("defaults: %+v", p)
+	cfg, err := p.compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Table != "idempotency_keys" || !cfg.CreateTable || cfg.CleanupInterval != pgstore.DefaultCleanupInterval || cfg.MaxConns != 0 || cfg.Timeout != defaultPostgresTimeout {
+		t.Fatalf("defaults: %+v", cfg)
 	}
 	pool := p.Store().(*pgstore.Store).Pool()
 	if cfg := pool.Config(); cfg.ConnConfig.ConnectTimeout != pgstore.DefaultConnectTimeout {
@@ -141,4 +147,33 @@ func fromJSON(t *testing.T, config string) *Storage {
 		t.Fatalf("decoding %s: %v", config, err)
 	}
 	return p
+}
+
+// TestPostgresValidateAndCompileErrors: a compile error names its option
+// (the required dsn after every value); Validate reports it for a config
+// that was not provisioned, and a provisioned config has nothing left to
+// validate.
+func TestPostgresValidateAndCompileErrors(t *testing.T) {
+	for config, option := range map[string]string{
+		`{}`:                                      "dsn",
+		`{"table":"Keys"}`:                        "table",
+		`{"dsn":"x","max_conns":-1}`:              "max_conns",
+		`{"dsn":"x","cleanup_interval":1}`:        "cleanup_interval",
+		`{"dsn":"x","timeout":"2h"}`:              "timeout",
+		`{"replay_cache":{"max_entries":0}}`:      "replay_cache",
+		`{"dsn":"x","table":"a.b.c","timeout":1}`: "timeout",
+	} {
+		if got := opterr.Options(fromJSON(t, config).Validate()); !slices.Equal(got, []string{option}) {
+			t.Errorf("%s: Validate names %q, want %s", config, got, option)
+		}
+	}
+	ctx, _ := caddyContext(t)
+	p := fromJSON(t, `{"dsn":"postgres://postgres@127.0.0.1:1/test"}`)
+	if err := p.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cleanup()
+	if err := p.Validate(); err != nil {
+		t.Errorf("Validate of a provisioned store: %v", err)
+	}
 }

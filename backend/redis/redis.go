@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
@@ -143,16 +145,16 @@ func (Storage) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision resolves placeholders, checks the configuration and takes the
-// shared store for it. It does not contact Redis, so that an outage does
-// not fail a config load or reload.
+// Provision compiles the configuration, resolves its placeholders and
+// takes the shared store for the result. It does not contact Redis, so
+// that an outage does not fail a config load or reload.
 func (r *Storage) Provision(ctx caddy.Context) error {
 	redisLogOnce.Do(func() { goredis.SetLogger(redisLogger{}) })
-	if err := r.check(); err != nil {
+	cfg, err := r.compile()
+	if err != nil {
 		return err
 	}
-	cfg, err := r.resolve()
-	if err != nil {
+	if cfg, err = cfg.resolve(); err != nil {
 		return err
 	}
 	return r.Acquire(ctx.Logger(), "redis", cfg, cfg.Client.Where(), func() (storage.Store, error) {
@@ -165,77 +167,95 @@ func (r *Storage) Provision(ctx caddy.Context) error {
 	})
 }
 
-// redisConfig is a Storage with placeholders resolved: what the
-// store is built from and, hashed, what names it in the pool.
+// Validate reports configuration errors: none once provisioned (Provision
+// compiles the configuration first), else the compile error.
+func (r *Storage) Validate() error {
+	if r.Store() != nil {
+		return nil
+	}
+	_, err := r.compile()
+	return err
+}
+
+// redisConfig is what the store is built from and, hashed once its
+// placeholders are resolved, what names it in the pool.
 type redisConfig struct {
 	Client    redisstore.ClientOptions
 	KeyPrefix string
 	Cache     *cache.Options
 }
 
-// options returns the client options of r, each string passed through
-// resolve (placeholders, or nothing).
-func (r *Storage) options(resolve func(string) string) redisstore.ClientOptions {
-	o := redisstore.ClientOptions{
-		URL:              resolve(r.URL),
-		MasterName:       resolve(r.MasterName),
-		Username:         resolve(r.Username),
-		Password:         resolve(r.Password),
-		SentinelUsername: resolve(r.SentinelUsername),
-		SentinelPassword: resolve(r.SentinelPassword),
-		PoolSize:         r.PoolSize,
-		DialTimeout:      time.Duration(r.DialTimeout),
-		Timeout:          time.Duration(r.Timeout),
-		TLSCAFile:        resolve(r.TLSCAFile),
-		TLSCertFile:      resolve(r.TLSCertFile),
-		TLSKeyFile:       resolve(r.TLSKeyFile),
-		TLSServerName:    resolve(r.TLSServerName),
+// compile checks r and returns its configuration, defaults filled in and
+// placeholders as written (resolve resolves them). It is pure; an error
+// names its options (opterr). A url or an address that holds a
+// placeholder is checked by resolve, once resolved.
+func (r *Storage) compile() (redisConfig, error) {
+	cfg := redisConfig{
+		Client: redisstore.ClientOptions{
+			URL:              r.URL,
+			Addrs:            r.Addresses,
+			MasterName:       r.MasterName,
+			Username:         r.Username,
+			Password:         r.Password,
+			SentinelUsername: r.SentinelUsername,
+			SentinelPassword: r.SentinelPassword,
+			PoolSize:         r.PoolSize,
+			DialTimeout:      time.Duration(r.DialTimeout),
+			Timeout:          time.Duration(r.Timeout),
+			TLSCAFile:        r.TLSCAFile,
+			TLSCertFile:      r.TLSCertFile,
+			TLSKeyFile:       r.TLSKeyFile,
+			TLSServerName:    r.TLSServerName,
+		},
+		KeyPrefix: cmp.Or(r.KeyPrefix, redisstore.DefaultKeyPrefix),
+		Cache:     r.ReplayCache.Options(),
 	}
-	for _, a := range r.Addresses {
-		o.Addrs = append(o.Addrs, resolve(a))
-	}
-	return o
-}
-
-// check reports configuration errors that need no placeholder resolved:
-// a url or an address that holds one is checked once resolved.
-func (r *Storage) check() error {
-	o := r.options(func(s string) string { return s })
+	o := cfg.Client
 	if strings.Contains(o.URL, "{") {
 		o.URL = "redis://placeholder"
 	}
+	o.Addrs = slices.Clone(o.Addrs)
 	for i, a := range o.Addrs {
 		if strings.Contains(a, "{") {
 			o.Addrs[i] = "placeholder:6379"
 		}
 	}
 	if err := o.Check(); err != nil {
-		return err
+		return redisConfig{}, err
 	}
 	if err := (redisstore.Options{KeyPrefix: r.KeyPrefix}).Check(); err != nil {
-		return err
+		return redisConfig{}, err
 	}
-	return r.ReplayCache.Check("redis storage")
-}
-
-// resolve resolves r's placeholders and checks the result. ReplaceKnown
-// rather than ReplaceAll: a brace in a literal password that is not a
-// placeholder stays as written. Errors never quote url, usernames or
-// passwords, which may hold secrets.
-func (r *Storage) resolve() (redisConfig, error) {
-	repl := caddy.NewReplacer()
-	cfg := redisConfig{
-		Client:    r.options(func(s string) string { return repl.ReplaceKnown(s, "") }),
-		KeyPrefix: cmp.Or(r.KeyPrefix, redisstore.DefaultKeyPrefix),
-		Cache:     r.ReplayCache.Options(),
+	if err := r.ReplayCache.Check("redis storage"); err != nil {
+		return redisConfig{}, opterr.New(err, "replay_cache")
 	}
-	switch {
-	case r.URL != "" && cfg.Client.URL == "":
-		return redisConfig{}, errors.New("redis storage: url is empty once its placeholders are replaced")
-	case cfg.Client.URL == "" && len(cfg.Client.Addrs) == 0:
+	if cfg.Client.URL == "" && len(cfg.Client.Addrs) == 0 {
 		cfg.Client.URL = redisstore.DefaultURL
 	}
-	return cfg, cfg.Client.Check()
+	return cfg, nil
+}
+
+// resolve returns cfg with its placeholders resolved, checked again.
+// ReplaceKnown rather than ReplaceAll: a brace in a literal password that
+// is not a placeholder stays as written. Errors never quote url, user
+// names or passwords, which may hold secrets.
+func (cfg redisConfig) resolve() (redisConfig, error) {
+	repl := caddy.NewReplacer()
+	resolve := func(s *string) { *s = repl.ReplaceKnown(*s, "") }
+	o := &cfg.Client
+	url := o.URL
+	for _, s := range []*string{&o.URL, &o.MasterName, &o.Username, &o.Password, &o.SentinelUsername, &o.SentinelPassword,
+		&o.TLSCAFile, &o.TLSCertFile, &o.TLSKeyFile, &o.TLSServerName} {
+		resolve(s)
+	}
+	o.Addrs = slices.Clone(o.Addrs)
+	for i := range o.Addrs {
+		resolve(&o.Addrs[i])
+	}
+	if url != "" && o.URL == "" {
+		return redisConfig{}, errors.New("redis storage: url is empty once its placeholders are replaced")
+	}
+	return cfg, o.Check()
 }
 
 // UnmarshalCaddyfile parses
@@ -260,24 +280,15 @@ func (r *Storage) resolve() (redisConfig, error) {
 //	}
 func (r *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the backend name
-	seen := make(map[string]bool)
+	given := make(cfargs.Given)
 	if d.NextArg() {
 		r.URL = d.Val()
-		seen["url"] = true
+		given.Add(d, "url")
 		if err := cfargs.NoArgs(d); err != nil {
 			return err
 		}
-		if err := r.check(); err != nil {
-			return d.Err(err.Error())
-		}
 	}
-	// master_name and the Sentinel credentials need options that may come
-	// later in the block: the rules of check that relate options to each
-	// other run once the block is read, and an error names the line of
-	// the option it is about.
-	at := make(map[string]string)
-	err := cfargs.EachOption(d, "redis storage ", seen, func(opt string) error {
-		at[opt] = fmt.Sprintf("%s:%d", d.File(), d.Line())
+	return cfargs.EachOption(d, "redis storage ", given, func(opt string) error {
 		var err error
 		switch opt {
 		case "url":
@@ -315,33 +326,13 @@ func (r *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return cfargs.StringArg(d, &r.TLSServerName)
 		}
 		return d.Errf("unrecognized redis storage option '%s'", opt)
-	}, r.checkSoFar)
-	if err != nil {
-		return err
-	}
-	if err := r.check(); err != nil {
-		opt, _, _ := strings.Cut(strings.TrimPrefix(err.Error(), "redis storage: "), " ")
-		if where, ok := at[opt]; ok {
-			return fmt.Errorf("%w, at %s", err, where)
-		}
-		return d.Err(err.Error())
-	}
-	return nil
+	}, func() error { _, err := r.compile(); return err })
 }
 
-// checkSoFar is check without the rules that need an option a later line
-// may still give (master_name needs addresses; the Sentinel credentials
-// need master_name; tls_cert_file and tls_key_file go together).
-func (r *Storage) checkSoFar() error {
-	partial := *r
-	if partial.MasterName != "" && len(partial.Addresses) == 0 {
-		partial.MasterName = ""
-	}
-	if partial.MasterName == "" {
-		partial.SentinelUsername, partial.SentinelPassword = "", ""
-	}
-	if (partial.TLSCertFile == "") != (partial.TLSKeyFile == "") {
-		partial.TLSCertFile, partial.TLSKeyFile = "", ""
-	}
-	return partial.check()
-}
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*Storage)(nil)
+	_ caddy.Validator       = (*Storage)(nil)
+	_ caddyfile.Unmarshaler = (*Storage)(nil)
+	_ backend.Backend       = (*Storage)(nil)
+)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
@@ -68,10 +70,9 @@ func TestRedisConfigResolvesPlaceholdersAndRejectsConflicts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.in.check()
-			var got redisConfig
+			got, err := tt.in.compile()
 			if err == nil {
-				got, err = tt.in.resolve()
+				got, err = got.resolve()
 			}
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
@@ -115,7 +116,10 @@ func TestRedisSecretsStayOutOfConfig(t *testing.T) {
 	if strings.Contains(r.StoreID(), secret) {
 		t.Errorf("pool key %q holds the secret", r.StoreID())
 	}
-	cfg, err := r.resolve()
+	cfg, err := r.compile()
+	if err == nil {
+		cfg, err = cfg.resolve()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,5 +300,39 @@ func TestRedisTLSFilesThatCannotBeReadFailProvision(t *testing.T) {
 	}
 	if err := r.Cleanup(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRedisValidateAndCompileErrors: a compile error names its options
+// (each of a rule between options); Validate reports it for a config that
+// was not provisioned, and a provisioned config has nothing left to
+// validate.
+func TestRedisValidateAndCompileErrors(t *testing.T) {
+	for config, options := range map[string][]string{
+		`{"url":"redis://a","addresses":["b:1"]}`:       {"url", "addresses"},
+		`{"master_name":"m"}`:                           {"master_name", "addresses"},
+		`{"addresses":["b:1"],"sentinel_password":"p"}`: {"sentinel_password", "master_name"},
+		`{"tls_key_file":"k.pem"}`:                      {"tls_cert_file", "tls_key_file"},
+		`{"url":"redis://u@a","username":"v"}`:          {"url", "username"},
+		`{"url":"cache"}`:                               {"url"},
+		`{"addresses":["n1"]}`:                          {"addresses"},
+		`{"pool_size":-1}`:                              {"pool_size"},
+		`{"dial_timeout":1}`:                            {"dial_timeout"},
+		`{"timeout":"2h"}`:                              {"timeout"},
+		`{"key_prefix":"{x}"}`:                          {"key_prefix"},
+		`{"replay_cache":{"max_entries":0}}`:            {"replay_cache"},
+	} {
+		if got := opterr.Options(fromJSON(t, config).Validate()); !slices.Equal(got, options) {
+			t.Errorf("%s: Validate names %q, want %q", config, got, options)
+		}
+	}
+	ctx, _ := caddyContext(t)
+	r := fromJSON(t, `{"url":"redis://127.0.0.1:1/0","key_prefix":"idempotency-test:`+t.Name()+`:"}`)
+	if err := r.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Cleanup()
+	if err := r.Validate(); err != nil {
+		t.Errorf("Validate of a provisioned store: %v", err)
 	}
 }

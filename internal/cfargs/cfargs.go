@@ -9,39 +9,99 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/dustin/go-humanize"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 )
 
 // The Caddyfile parsers keep to syntax: each reads its block with
 // EachOption and the argument helpers below, and leaves the rules on
-// values to the config type's check, which EachOption runs after every
-// option so that an invalid value is reported at its own line.
+// values to its config type's compile, which EachOption runs once the
+// block is read. A compile error names the options it is about (an
+// *opterr.Error), and EachOption reports it at the line of that option:
+// an invalid value at its own line, a rule between options (url and
+// addresses) at the line of the last of them.
+
+// Given are the options of a block read so far, each with the token it
+// ends on (its last argument, or the closing brace of its own block),
+// where an error about it is reported.
+type Given map[string]mark
+
+type mark struct {
+	at    caddyfile.Token
+	order int
+	set   bool // by another option (see Sets)
+}
+
+// Add records opt as given, ending at d's current token: for an option
+// given on the block's first line (storage redis <url> { ... }).
+func (g Given) Add(d *caddyfile.Dispenser, opt string) {
+	g[opt] = mark{at: d.Token(), order: len(g)}
+}
+
+// Sets records that the option being read sets opt's field too (in_flight
+// wait <timeout> sets wait_timeout), so that an error about opt is
+// reported at d's current token. opt may still come on a line of its own:
+// what that means is the parser's to say.
+func (g Given) Sets(d *caddyfile.Dispenser, opt string) {
+	g[opt] = mark{at: d.Token(), order: len(g), set: true}
+}
 
 // EachOption calls parse for each option of the block after the current
-// token, then check on what is parsed so far (nil: none). It rejects an
-// option given twice; what names the block in that error (e.g. "redis
-// storage "), and seen may hold options already given on the line before
-// the block.
-func EachOption(d *caddyfile.Dispenser, what string, seen map[string]bool, parse func(opt string) error, check func() error) error {
-	if seen == nil {
-		seen = make(map[string]bool)
+// token, and rejects an option given twice: what names the block in that
+// error (e.g. "redis storage "), and given (nil: none) holds the options
+// the block's first line gave. Then it calls check (nil: none) once, and
+// reports its error at the line of the last of the error's options the
+// block gives; an error that names none of them, at the end of the block.
+func EachOption(d *caddyfile.Dispenser, what string, given Given, parse func(opt string) error, check func() error) error {
+	if given == nil {
+		given = make(Given)
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if seen[opt] {
+		if m, ok := given[opt]; ok && !m.set {
 			return d.Errf("%s%s already specified", what, opt)
 		}
-		seen[opt] = true
 		if err := parse(opt); err != nil {
 			return err
 		}
-		if check == nil {
-			continue
-		}
-		if err := check(); err != nil {
-			return d.Err(err.Error())
+		given.Add(d, opt)
+	}
+	if check == nil {
+		return nil
+	}
+	err := check()
+	if err == nil {
+		return nil
+	}
+	opts := opterr.Options(err)
+	if len(opts) == 0 {
+		return d.WrapErr(err)
+	}
+	last, ok := given.last(opts)
+	switch {
+	case !ok && opterr.IsMissing(err):
+		// A required option the block leaves out (the dsn of
+		// postgres): such a block has always adapted, and Provision
+		// refuses it. A compile checks required options after the
+		// values, so this error hides none about a line of the block.
+		return nil
+	case !ok:
+		return d.WrapErr(err)
+	}
+	at := caddyfile.NewDispenser([]caddyfile.Token{last})
+	at.Next()
+	return at.WrapErr(err)
+}
+
+// last returns the token of the option of opts given last.
+func (g Given) last(opts []string) (caddyfile.Token, bool) {
+	found := mark{order: -1}
+	for _, opt := range opts {
+		if o, ok := g[opt]; ok && o.order > found.order {
+			found = o
 		}
 	}
-	return nil
+	return found.at, found.order >= 0
 }
 
 // NoArgs fails when the current line has arguments left.

@@ -13,6 +13,8 @@ import (
 	"unicode"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 )
 
 // Client defaults, for ClientOptions fields left zero.
@@ -107,33 +109,35 @@ func (o ClientOptions) url() string {
 	return o.URL
 }
 
-// Check reports what is wrong with o, without touching the network.
+// Check reports what is wrong with o, without touching the network. An
+// error names the options it is about (an *opterr.Error), as the Caddy
+// module spells them.
 func (o ClientOptions) Check() error {
 	switch {
 	case o.URL != "" && len(o.Addrs) > 0:
-		return errors.New("redis storage: url and addresses are mutually exclusive")
+		return opterr.New(errors.New("redis storage: url and addresses are mutually exclusive"), "url", "addresses")
 	case o.MasterName != "" && len(o.Addrs) == 0:
-		return errors.New("redis storage: master_name needs addresses (the Sentinels)")
+		return opterr.New(errors.New("redis storage: master_name needs addresses (the Sentinels)"), "master_name", "addresses")
 	case o.MasterName == "" && o.SentinelUsername != "":
-		return errors.New("redis storage: sentinel_username needs master_name")
+		return opterr.New(errors.New("redis storage: sentinel_username needs master_name"), "sentinel_username", "master_name")
 	case o.MasterName == "" && o.SentinelPassword != "":
-		return errors.New("redis storage: sentinel_password needs master_name")
+		return opterr.New(errors.New("redis storage: sentinel_password needs master_name"), "sentinel_password", "master_name")
 	case o.PoolSize < 0:
-		return fmt.Errorf("redis storage: pool_size must be positive, got %d", o.PoolSize)
+		return opterr.Errorf("pool_size", "redis storage: pool_size must be positive, got %d", o.PoolSize)
 	case o.DialTimeout != 0 && o.DialTimeout < MinTimeout:
-		return fmt.Errorf("redis storage: dial_timeout must be at least %v, got %v", MinTimeout, o.DialTimeout)
+		return opterr.Errorf("dial_timeout", "redis storage: dial_timeout must be at least %v, got %v", MinTimeout, o.DialTimeout)
 	case o.DialTimeout > MaxTimeout:
-		return fmt.Errorf("redis storage: dial_timeout must be at most %v, got %v", MaxTimeout, o.DialTimeout)
+		return opterr.Errorf("dial_timeout", "redis storage: dial_timeout must be at most %v, got %v", MaxTimeout, o.DialTimeout)
 	case o.Timeout != 0 && o.Timeout < MinTimeout:
-		return fmt.Errorf("redis storage: timeout must be at least %v, got %v", MinTimeout, o.Timeout)
+		return opterr.Errorf("timeout", "redis storage: timeout must be at least %v, got %v", MinTimeout, o.Timeout)
 	case o.Timeout > MaxTimeout:
-		return fmt.Errorf("redis storage: timeout must be at most %v, got %v", MaxTimeout, o.Timeout)
+		return opterr.Errorf("timeout", "redis storage: timeout must be at most %v, got %v", MaxTimeout, o.Timeout)
 	case (o.TLSCertFile == "") != (o.TLSKeyFile == ""):
-		return errors.New("redis storage: tls_cert_file and tls_key_file go together")
+		return opterr.New(errors.New("redis storage: tls_cert_file and tls_key_file go together"), "tls_cert_file", "tls_key_file")
 	}
 	if len(o.Addrs) > 0 {
 		_, _, err := ParseAddresses(o.Addrs)
-		return err
+		return opterr.New(err, "addresses")
 	}
 	if o.URL != "" {
 		return CheckURL(o.url(), o.Username != "", o.Password != "")
@@ -143,10 +147,10 @@ func (o ClientOptions) Check() error {
 
 // CheckURL checks what go-redis's ParseURL would say about u, and that a
 // user or password is not given both in u and on its own (hasUsername,
-// hasPassword).
+// hasPassword). Its errors name their options, as Check's do.
 func CheckURL(u string, hasUsername, hasPassword bool) error {
 	if !strings.Contains(u, "://") {
-		return errors.New(`redis storage: url must start with a scheme: redis://host:port, rediss://host:port or unix:///path`)
+		return opterr.New(errors.New(`redis storage: url must start with a scheme: redis://host:port, rediss://host:port or unix:///path`), "url")
 	}
 	parsed, err := url.Parse(u)
 	if err != nil {
@@ -156,20 +160,20 @@ func CheckURL(u string, hasUsername, hasPassword bool) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return fmt.Errorf("redis storage: invalid url: %v", err)
+		return opterr.Errorf("url", "redis storage: invalid url: %v", err)
 	}
 	if _, err := goredis.ParseURL(u); err != nil {
-		return fmt.Errorf("redis storage: invalid url: %v", err)
+		return opterr.Errorf("url", "redis storage: invalid url: %v", err)
 	}
 	if parsed.Scheme != "unix" && parsed.Hostname() == "" {
-		return errors.New("redis storage: invalid url: no host")
+		return opterr.New(errors.New("redis storage: invalid url: no host"), "url")
 	}
 	if parsed.User != nil {
 		if hasUsername && parsed.User.Username() != "" {
-			return errors.New("redis storage: a user is set both in url and in username")
+			return opterr.New(errors.New("redis storage: a user is set both in url and in username"), "url", "username")
 		}
 		if _, has := parsed.User.Password(); has && hasPassword {
-			return errors.New("redis storage: a password is set both in url and in password")
+			return opterr.New(errors.New("redis storage: a password is set both in url and in password"), "url", "password")
 		}
 	}
 	return nil

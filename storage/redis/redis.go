@@ -55,6 +55,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -86,13 +87,14 @@ type Options struct {
 
 // Check reports what is wrong with o. A KeyPrefix must not hold a brace:
 // on Redis Cluster, a {...} in a key name is a hash tag, and a prefix
-// holding one would put every record in one slot, on one node.
+// holding one would put every record in one slot, on one node. An error
+// names its option (an *opterr.Error), as ClientOptions.Check's do.
 func (o Options) Check() error {
 	switch {
 	case strings.ContainsAny(o.KeyPrefix, "{}"):
-		return fmt.Errorf("redis storage: key_prefix must not contain '{' or '}' (on Redis Cluster it would be a hash tag putting every record in one slot), got %q", o.KeyPrefix)
+		return opterr.Errorf("key_prefix", "redis storage: key_prefix must not contain '{' or '}' (on Redis Cluster it would be a hash tag putting every record in one slot), got %q", o.KeyPrefix)
 	case o.Timeout < 0:
-		return fmt.Errorf("redis storage: timeout must be positive, got %v", o.Timeout)
+		return opterr.Errorf("timeout", "redis storage: timeout must be positive, got %v", o.Timeout)
 	}
 	return nil
 }
