@@ -22,10 +22,15 @@ func init() {
 //	        storage redis {
 //	            url {env.REDIS_URL}
 //	        }
+//	        strict
 //	    }
 //	}
+//
+// strict sets every directive's strict: a config in which one can never
+// run is refused (see placement.go).
 type globalOptions struct {
 	StorageRaw json.RawMessage
+	Strict     bool
 }
 
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -38,12 +43,16 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	}
 	opts := new(globalOptions)
 	err := cfargs.EachOption(d, "", nil, func(opt string) error {
-		if opt != "storage" {
-			return d.Errf("unrecognized idempotency global option '%s' (only storage can be set globally)", opt)
+		switch opt {
+		case "storage":
+			raw, err := parseStorage(d)
+			opts.StorageRaw = raw
+			return err
+		case "strict":
+			opts.Strict = true
+			return cfargs.NoArgs(d)
 		}
-		raw, err := parseStorage(d)
-		opts.StorageRaw = raw
-		return err
+		return d.Errf("unrecognized idempotency global option '%s' (only storage and strict can be set globally)", opt)
 	}, nil)
 	return opts, err
 }
@@ -57,4 +66,5 @@ func (h *Handler) applyGlobalOptions(opts any) {
 	if h.StorageRaw == nil {
 		h.StorageRaw = g.StorageRaw
 	}
+	h.Strict = h.Strict || g.Strict
 }

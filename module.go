@@ -193,6 +193,15 @@ type Handler struct {
 	// Retry-After is set on 409, 429 and 503 either way.
 	Errors string `json:"errors,omitempty"`
 
+	// Refuse the config (at start, and a reload to it) when this handler
+	// can never run before the handler that answers its requests: a
+	// terminal handler such as reverse_proxy earlier in its route, or in
+	// an earlier route that matches every request. Without it such a
+	// config loads, and an error naming the site and route is logged at
+	// start and on every reload. The Caddyfile sets it on every
+	// idempotency directive with the global option `idempotency { strict }`.
+	Strict bool `json:"strict,omitempty"`
+
 	// A JSON Pointer (RFC 6901) into the request body where the key is
 	// found when the request carries no key header: webhook senders put
 	// the delivery id there (/id for Stripe events). A string is the key
@@ -280,6 +289,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
+	}
+	// The app that, once the config's routes are all provisioned, finds
+	// handlers of ours that can never run (placement.go).
+	if _, err := ctx.App(placementApp); err != nil {
+		return err
 	}
 	return h.loadStorage(ctx)
 }
