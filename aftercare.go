@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
@@ -96,9 +97,10 @@ func (k choreKind) String() string {
 // failed request. It holds the store open meanwhile (a reload must not
 // close it under a pending write).
 type aftercare struct {
-	store  settler
-	hold   func() (release func(), ok bool)
-	logger *zap.Logger
+	store   settler
+	hold    func() (release func(), ok bool)
+	logger  *zap.Logger
+	backlog prometheus.Gauge // the writes not done with; nil: not counted
 
 	mu      sync.Mutex
 	pending []*chore
@@ -120,6 +122,7 @@ func (a *aftercare) add(c *chore) {
 		return
 	}
 	a.pending = append(a.pending, c)
+	a.count(1)
 	if c.kind == choreAbandon {
 		if a.abandoned == nil {
 			a.abandoned = make(map[storage.Key]*chore)
@@ -139,6 +142,7 @@ func (a *aftercare) add(c *chore) {
 		dropped := a.pending
 		a.pending, a.abandoned, a.running = nil, nil, false
 		a.mu.Unlock()
+		a.count(-len(dropped))
 		for _, d := range dropped {
 			d.lease.stop()
 		}
@@ -148,6 +152,13 @@ func (a *aftercare) add(c *chore) {
 		defer release()
 		a.work()
 	}()
+}
+
+// count adds n to the backlog gauge.
+func (a *aftercare) count(n int) {
+	if a.backlog != nil {
+		a.backlog.Add(float64(n))
+	}
 }
 
 // work runs rounds until nothing is pending.
@@ -166,6 +177,7 @@ func (a *aftercare) work() {
 		a.mu.Unlock()
 
 		keep, failing, next := a.round(batch)
+		a.count(len(keep) - len(batch))
 
 		a.mu.Lock()
 		a.pending = append(keep, a.pending...)

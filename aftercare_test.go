@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
@@ -172,4 +173,40 @@ func TestAWriteWaitingInAftercareKeepsItsLease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAftercareBacklogCountsTheWritesNotDoneWith: the backlog gauge
+// (caddy_http_idempotency_aftercare_backlog) counts a write that failed
+// while it waits, and lets go of it once it lands.
+func TestAftercareBacklogCountsTheWritesNotDoneWith(t *testing.T) {
+	a, mem := newTestAftercare(t)
+	store := &failingStore{Store: mem, down: true}
+	a.store = store
+	backlog := prometheus.NewGauge(prometheus.GaugeOpts{Name: "test_aftercare_backlog"})
+	a.backlog = backlog
+	key := storage.Key{Scope: "s", ID: "backlog"}
+	res, err := mem.Reserve(t.Context(), key, []byte("fp"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.add(&chore{kind: choreComplete, key: key, token: res.Token, resp: &storage.Response{Status: 201}, ttl: time.Hour, until: time.Now().Add(time.Minute)})
+	if got := gaugeOf(t, backlog); got != 1 {
+		t.Fatalf("backlog %v with one write waiting, want 1", got)
+	}
+	store.setDown(false)
+	testutil.Eventually(t, 10*time.Second, "the write to land and leave the backlog", func() bool {
+		return gaugeOf(t, backlog) == 0
+	})
+	if rec, err := mem.Get(t.Context(), key, false); err != nil || rec.State != storage.Completed {
+		t.Fatalf("after the backlog emptied: %v %v, want the record completed", rec, err)
+	}
+}
+
+func gaugeOf(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
 }

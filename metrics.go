@@ -24,6 +24,7 @@ var metrics struct {
 	observed      *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	inFlight      *prometheus.GaugeVec
+	aftercare     *prometheus.GaugeVec
 	servers       sync.Map // server name -> *serverMetrics
 }
 
@@ -87,6 +88,10 @@ func initMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "in_flight",
 			Help: "Requests currently running under an idempotency key in this process, by server.",
 		}, []string{"server"})
+		metrics.aftercare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "aftercare_backlog",
+			Help: "Store writes (completions, releases) that failed and are retried in the background, by backend.",
+		}, []string{"backend"})
 	})
 }
 
@@ -96,7 +101,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err

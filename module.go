@@ -290,9 +290,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
-	// The app that, once the config's routes are all provisioned, finds
-	// handlers of ours that can never run (placement.go).
-	if _, err := ctx.App(placementApp); err != nil {
+	if err := joinPlacementCheck(ctx); err != nil {
 		return err
 	}
 	return h.loadStorage(ctx)
