@@ -132,6 +132,7 @@ func (x *exchange) enforce(a answer) error {
 			return x.pass()
 		}
 		x.settle(a.outcome) // fail_open
+		metricsOf(x.r).failOpen.Inc()
 		return x.next.ServeHTTP(x.w, x.r)
 	case actFail:
 		return a.err

@@ -25,6 +25,7 @@ var metrics struct {
 	storeDuration *prometheus.HistogramVec
 	inFlight      *prometheus.GaugeVec
 	aftercare     *prometheus.GaugeVec
+	failOpen      *prometheus.CounterVec
 	servers       sync.Map // server name -> *serverMetrics
 }
 
@@ -35,6 +36,7 @@ type serverMetrics struct {
 	byOutcome         map[outcome]prometheus.Counter
 	observedByOutcome map[outcome]prometheus.Counter
 	inFlight          prometheus.Gauge
+	failOpen          prometheus.Counter
 }
 
 // unknownServer is the server label of a request served outside a Caddy
@@ -59,6 +61,7 @@ func serverMetricsNamed(name string) *serverMetrics {
 		byOutcome:         make(map[outcome]prometheus.Counter, len(outcomes)),
 		observedByOutcome: make(map[outcome]prometheus.Counter, len(outcomes)),
 		inFlight:          metrics.inFlight.WithLabelValues(name),
+		failOpen:          metrics.failOpen.WithLabelValues(name),
 	}
 	for _, o := range outcomes {
 		m.byOutcome[o] = metrics.requests.WithLabelValues(name, string(o))
@@ -88,6 +91,10 @@ func initMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "in_flight",
 			Help: "Requests currently running under an idempotency key in this process, by server.",
 		}, []string{"server"})
+		metrics.failOpen = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "fail_open_total",
+			Help: "Requests passed on without idempotency because the store could not be reached (on_storage_error fail_open), by server.",
+		}, []string{"server"})
 		metrics.aftercare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "aftercare_backlog",
 			Help: "Store writes (completions, releases) that failed and are retried in the background, by backend.",
@@ -101,7 +108,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare, metrics.failOpen} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err

@@ -93,6 +93,7 @@ func TestStoreDownFailOpenPassesThrough(t *testing.T) {
 	store := withFlakyStore(h)
 	store.down.Store(true)
 	up := &upstream{}
+	passed := counterValue(serverMetricsNamed(unknownServer).failOpen)
 	for range 2 {
 		r := request("k", `{"a":1}`)
 		_, repl := servePlaceholders(h, up, r)
@@ -102,6 +103,9 @@ func TestStoreDownFailOpenPassesThrough(t *testing.T) {
 	}
 	if up.calls.Load() != 2 {
 		t.Fatalf("fail_open: upstream ran %d times, want 2", up.calls.Load())
+	}
+	if got := counterValue(serverMetricsNamed(unknownServer).failOpen) - passed; got != 2 {
+		t.Fatalf("fail_open_total grew by %v, want 2", got)
 	}
 }
 
