@@ -140,7 +140,7 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 	case s.unavailable(ctx, err):
 		return fmt.Errorf("postgres %s: %w: %w", op, storage.ErrUnavailable, err)
 	case errors.As(err, &pgErr) && pgErr.Code == undefinedTable:
-		hint := "create it with the DDL from postgres.Schema (or the README), or let the store create it"
+		hint := "create it with the statements `caddy idempotency schema` prints (docs/storage-postgres.md, The table), or turn create_table on"
 		if s.opts.CreateTable {
 			// Dropped after the store created it.
 			s.schemaReady.Store(false)

@@ -120,7 +120,7 @@ func TestMissingTableWithoutCreateTable(t *testing.T) {
 	if storage.Unavailable(err) {
 		t.Errorf("Reserve on a missing table: %v reads as the store being unavailable: fail_open would run requests without idempotency", err)
 	}
-	for _, want := range []string{"postgres reserve", table, "does not exist", "Schema"} {
+	for _, want := range []string{"postgres reserve", table, "does not exist", "caddy idempotency schema", "docs/storage-postgres.md"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
