@@ -1,14 +1,17 @@
 package idempotency
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -47,19 +50,50 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 
 // storeInfo describes a live store.
 type storeInfo struct {
-	ID       string `json:"id"`
-	Backend  string `json:"backend"`
-	Handlers int    `json:"handlers"`
+	ID       string    `json:"id"`
+	Backend  string    `json:"backend"`
+	Handlers int       `json:"handlers"`
+	Ping     *pingView `json:"ping,omitempty"` // none for a store that cannot be pinged
 }
 
-// handleStores lists the live stores: GET /idempotency/stores.
+// pingView is a store's last ping as the admin API shows it.
+type pingView struct {
+	OK     bool      `json:"ok"`
+	At     time.Time `json:"at"`
+	TookMS float64   `json:"took_ms"`
+	Error  string    `json:"error,omitempty"`
+}
+
+// adminPingTimeout bounds the pings of GET /idempotency/stores.
+const adminPingTimeout = 2 * time.Second
+
+// handleStores lists the live stores: GET /idempotency/stores. Each
+// store that can be pinged is pinged now (all at once, each for at most
+// adminPingTimeout), unless ping=false asks for the last ping only.
 func (adminAPI) handleStores(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return apiError(http.StatusMethodNotAllowed, "use GET")
 	}
+	live := slices.Collect(backend.Live(""))
+	if r.URL.Query().Get("ping") != "false" {
+		ctx, cancel := context.WithTimeout(r.Context(), adminPingTimeout)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, s := range live {
+			wg.Go(func() { s.Ping(ctx) })
+		}
+		wg.Wait()
+	}
 	list := []storeInfo{}
-	for s := range backend.Live("") {
-		list = append(list, storeInfo{ID: s.ID, Backend: s.Backend, Handlers: s.Handlers})
+	for _, s := range live {
+		info := storeInfo{ID: s.ID, Backend: s.Backend, Handlers: s.Handlers}
+		if p := s.LastPing(); !p.At.IsZero() {
+			info.Ping = &pingView{OK: p.Err == nil, At: p.At.UTC(), TookMS: float64(p.Took.Microseconds()) / 1000}
+			if p.Err != nil {
+				info.Ping.Error = p.Err.Error()
+			}
+		}
+		list = append(list, info)
 	}
 	return writeJSON(w, list)
 }

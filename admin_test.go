@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -11,10 +12,12 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -208,6 +211,45 @@ func TestAdminListsLiveStores(t *testing.T) {
 		}
 	}
 	t.Fatalf("store %s not listed: %+v", id, list)
+}
+
+// TestAdminStoresSayWhetherEachAnsweredItsLastPing: GET
+// /idempotency/stores pings each store now and says whether it answered
+// and when; ping=false shows that last ping without pinging again.
+func TestAdminStoresSayWhetherEachAnsweredItsLastPing(t *testing.T) {
+	addr := redistest.Addr()
+	redistest.Require(t, addr)
+	up := provision(t, &Handler{StorageRaw: json.RawMessage(fmt.Sprintf(`{"backend":"redis","url":"redis://%s/0","key_prefix":"ping-up-%s:"}`, addr, redistest.RandomHex(4)))})
+	down := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"redis","url":"redis://127.0.0.1:1/0","timeout":"200ms","key_prefix":"ping-down:"}`)})
+	stores := func(query string) map[string]storeInfo {
+		var a adminAPI
+		w := httptest.NewRecorder()
+		if err := a.handleStores(w, httptest.NewRequest(http.MethodGet, "/idempotency/stores"+query, nil)); err != nil {
+			t.Fatal(err)
+		}
+		var list []storeInfo
+		if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
+			t.Fatal(err)
+		}
+		byID := map[string]storeInfo{}
+		for _, s := range list {
+			byID[s.ID] = s
+		}
+		return byID
+	}
+	before := time.Now()
+	now := stores("")
+	upInfo, downInfo := now[storeID(t, up)], now[storeID(t, down)]
+	if upInfo.Ping == nil || !upInfo.Ping.OK || upInfo.Ping.At.Before(before.Add(-time.Second)) {
+		t.Fatalf("reachable Redis: ping %+v, want ok just now", upInfo.Ping)
+	}
+	if downInfo.Ping == nil || downInfo.Ping.OK || downInfo.Ping.Error == "" {
+		t.Fatalf("unreachable Redis: ping %+v, want not ok, with the error", downInfo.Ping)
+	}
+	last := stores("?ping=false")[storeID(t, up)]
+	if last.Ping == nil || !last.Ping.At.Equal(upInfo.Ping.At) {
+		t.Fatalf("ping=false: %+v, want the last ping (%v) again", last.Ping, upInfo.Ping.At)
+	}
 }
 
 // TestAdminScopeIsTheHandlersScope: the values of a client's scope, with

@@ -39,6 +39,33 @@ type pooledStore struct {
 	holds      int  // holds not yet released
 	destructed bool // no handler uses the store any more
 	closed     bool
+	lastPing   PingResult
+}
+
+// PingResult is the outcome of a store's last ping (storage.Pinger).
+type PingResult struct {
+	// At is when the ping was sent; zero when the store was never pinged
+	// (or cannot be).
+	At time.Time
+	// Took is how long the store took to answer, or to fail.
+	Took time.Duration
+	// Err is why it did not answer; nil when it did.
+	Err error
+}
+
+// ping pings the store (if it can be), records the result and returns it.
+func (p *pooledStore) ping(ctx context.Context) PingResult {
+	pinger, ok := p.Store.(storage.Pinger)
+	if !ok {
+		return PingResult{}
+	}
+	start := time.Now()
+	err := pinger.Ping(ctx)
+	r := PingResult{At: start, Took: time.Since(start), Err: err}
+	p.mu.Lock()
+	p.lastPing = r
+	p.mu.Unlock()
+	return r
 }
 
 // Destruct implements caddy.Destructor.
@@ -113,11 +140,11 @@ func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where s
 			return nil, err
 		}
 		logger.Info("idempotency store opened", zap.String("backend", backend), zap.String("store", key), zap.String("address", where))
-		if p, ok := s.(storage.Pinger); ok {
-			go pingAtStart(logger, p, backend, key, where)
-		}
 		p := &pooledStore{Store: s, backend: backend}
 		p.release = p.unhold
+		if _, ok := s.(storage.Pinger); ok {
+			go p.pingAtStart(logger, key, where)
+		}
 		return p, nil
 	})
 	if err != nil {
@@ -131,12 +158,12 @@ func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where s
 const startPingTimeout = 5 * time.Second
 
 // pingAtStart pings a store just opened and warns when it does not answer.
-func pingAtStart(logger *zap.Logger, p storage.Pinger, backend, id, where string) {
+func (p *pooledStore) pingAtStart(logger *zap.Logger, id, where string) {
 	ctx, cancel := context.WithTimeout(context.Background(), startPingTimeout)
 	defer cancel()
-	if err := p.Ping(ctx); err != nil {
+	if r := p.ping(ctx); r.Err != nil {
 		logger.Warn("idempotency store unreachable; requests using it follow on_storage_error until it answers",
-			zap.String("backend", backend), zap.String("store", id), zap.String("address", where), zap.Error(err))
+			zap.String("backend", p.backend), zap.String("store", id), zap.String("address", where), zap.Error(r.Err))
 	}
 }
 
@@ -181,7 +208,20 @@ type LiveStore struct {
 	Store storage.Store
 	// Handlers is how many handlers (of every loaded configuration) use it.
 	Handlers int
+
+	entry *pooledStore
 }
+
+// LastPing is the store's last ping: at start, or the last Ping.
+func (s LiveStore) LastPing() PingResult {
+	s.entry.mu.Lock()
+	defer s.entry.mu.Unlock()
+	return s.entry.lastPing
+}
+
+// Ping pings the store now (a zero result for a store that cannot be
+// pinged), and records the result as its last ping.
+func (s LiveStore) Ping(ctx context.Context) PingResult { return s.entry.ping(ctx) }
 
 // Live yields the stores in the pool by ID, every backend's alike; with
 // a non-empty id, only the store of that ID.
@@ -191,7 +231,7 @@ func Live(id string) iter.Seq[LiveStore] {
 		if id == "" || k.(string) == id {
 			p := v.(*pooledStore)
 			refs, _ := stores.References(k)
-			out = append(out, LiveStore{ID: k.(string), Backend: p.backend, Store: p.Store, Handlers: refs})
+			out = append(out, LiveStore{ID: k.(string), Backend: p.backend, Store: p.Store, Handlers: refs, entry: p})
 		}
 		return true
 	})
