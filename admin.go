@@ -45,6 +45,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/idempotency/stores", Handler: caddy.AdminHandlerFunc(a.handleStores)},
 		{Pattern: "/idempotency/keys", Handler: caddy.AdminHandlerFunc(a.handleKeys)},
+		{Pattern: "/idempotency/in_flight", Handler: caddy.AdminHandlerFunc(a.handleInFlight)},
 	}
 }
 
@@ -96,6 +97,68 @@ func (adminAPI) handleStores(w http.ResponseWriter, r *http.Request) error {
 		list = append(list, info)
 	}
 	return writeJSON(w, list)
+}
+
+// The bounds of a page of GET /idempotency/in_flight.
+const (
+	defaultInFlightPage = 100
+	maxInFlightPage     = 1000
+)
+
+// inFlightPage is one store's page of records in flight.
+type inFlightPage struct {
+	Store   string       `json:"store"`
+	Backend string       `json:"backend"`
+	Records []recordView `json:"records"`
+	// Next is the after of the next page; empty after the last.
+	Next string `json:"next,omitempty"`
+}
+
+// handleInFlight lists the records in flight, per store, a page at a
+// time: GET /idempotency/in_flight[?store=<id>][&after=<key_hash>][&limit=<n>].
+// after needs store: each store pages on its own.
+func (adminAPI) handleInFlight(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		return apiError(http.StatusMethodNotAllowed, "use GET")
+	}
+	q := r.URL.Query()
+	limit := defaultInFlightPage
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxInFlightPage {
+			return apiError(http.StatusBadRequest, fmt.Sprintf("limit must be 1 to %d", maxInFlightPage))
+		}
+		limit = n
+	}
+	after := strings.ToLower(q.Get("after"))
+	if after != "" {
+		if b, err := hex.DecodeString(after); err != nil || len(b) != storage.HashLen/2 {
+			return apiError(http.StatusBadRequest, fmt.Sprintf("after must be a key_hash (%d hex digits)", storage.HashLen))
+		}
+		if q.Get("store") == "" {
+			return apiError(http.StatusBadRequest, "after needs store: each store pages on its own")
+		}
+	}
+	targets := liveStores(q.Get("store"))
+	if len(targets) == 0 && q.Get("store") != "" {
+		return apiError(http.StatusNotFound, fmt.Sprintf("no live store %q (see /idempotency/stores)", q.Get("store")))
+	}
+	pages := []inFlightPage{}
+	for _, t := range targets {
+		recs, err := t.keeper.ListInFlight(r.Context(), after, limit)
+		if err != nil {
+			return apiError(http.StatusBadGateway, fmt.Sprintf("store %s: %v", t.id, err))
+		}
+		page := inFlightPage{Store: t.id, Backend: t.backend, Records: make([]recordView, 0, len(recs))}
+		for _, rec := range recs {
+			page.Records = append(page.Records, viewOf(t.id, rec.KeyHash, rec.Record, false))
+		}
+		if len(recs) == limit {
+			page.Next = recs[len(recs)-1].KeyHash
+		}
+		pages = append(pages, page)
+	}
+	return writeJSON(w, map[string]any{"stores": pages})
 }
 
 // recordView is a record as the admin API shows it.

@@ -213,6 +213,69 @@ func TestAdminListsLiveStores(t *testing.T) {
 	t.Fatalf("store %s not listed: %+v", id, list)
 }
 
+// TestAdminListsRecordsInFlightPageByPage: GET /idempotency/in_flight
+// lists a store's records in flight in pages, never a completed one, and
+// refuses a malformed page.
+func TestAdminListsRecordsInFlightPageByPage(t *testing.T) {
+	h := isolated(t, &Handler{})
+	id := storeID(t, h)
+	running := map[string]bool{}
+	for i := range 5 {
+		key := storage.Key{Scope: "list", ID: fmt.Sprint(i)}
+		if _, err := h.store.Reserve(t.Context(), key, []byte("fp"), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		running[key.Hash()] = true
+	}
+	done := storage.Key{Scope: "list", ID: "done"}
+	res, _ := h.store.Reserve(t.Context(), done, []byte("fp"), time.Minute)
+	if err := h.store.Complete(t.Context(), done, res.Token, &storage.Response{Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+
+	seen, after := map[string]bool{}, ""
+	for page := 0; page < 10; page++ {
+		path := "/idempotency/in_flight?limit=2&store=" + url.QueryEscape(id)
+		if after != "" {
+			path += "&after=" + after
+		}
+		code, body := adminCall(t, http.MethodGet, path)
+		stores := body["stores"].([]any)
+		if code != http.StatusOK || len(stores) != 1 {
+			t.Fatalf("GET %s: %d %v", path, code, body)
+		}
+		p := stores[0].(map[string]any)
+		for _, r := range p["records"].([]any) {
+			rec := r.(map[string]any)
+			if rec["state"] != "in_flight" {
+				t.Fatalf("listed %v", rec)
+			}
+			seen[rec["key_hash"].(string)] = true
+		}
+		next, _ := p["next"].(string)
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	for kh := range running {
+		if !seen[kh] {
+			t.Errorf("%s, in flight, was never listed", kh)
+		}
+	}
+	if seen[done.Hash()] {
+		t.Error("a completed record was listed")
+	}
+	for _, bad := range []string{"?limit=0", "?limit=1001", "?after=zz&store=" + url.QueryEscape(id), "?after=" + strings.Repeat("0", 16)} {
+		if code, body := adminCall(t, http.MethodGet, "/idempotency/in_flight"+bad); code != http.StatusBadRequest {
+			t.Errorf("GET in_flight%s: %d %v, want 400", bad, code, body)
+		}
+	}
+	if code, _ := adminCall(t, http.MethodGet, "/idempotency/in_flight?store=nope"); code != http.StatusNotFound {
+		t.Errorf("an unknown store: %d, want 404", code)
+	}
+}
+
 // TestAdminStoresSayWhetherEachAnsweredItsLastPing: GET
 // /idempotency/stores pings each store now and says whether it answered
 // and when; ping=false shows that last ping without pinging again.

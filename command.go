@@ -32,11 +32,12 @@ schema    the PostgreSQL DDL and GRANT for a table name
 get       a record, from a running Caddy's admin API
 delete    a record, through a running Caddy's admin API (the key runs
           again on its next request)
+list      the records in flight, per store, a page at a time
 
 See docs/operations.md of the module.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.AddCommand(hashCommand(), schemaCommand(), recordCommand("get"), recordCommand("delete"))
+			cmd.AddCommand(hashCommand(), schemaCommand(), recordCommand("get"), recordCommand("delete"), listCommand())
 		},
 	})
 }
@@ -194,4 +195,38 @@ func recordQuery(cmd *cobra.Command) (url.Values, error) {
 	q.Set("key", key.ID)
 	q.Set("scope_hash", key.Scope)
 	return q, nil
+}
+
+func listCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "list [--store <id>] [--after <key_hash>] [--limit <n>] [--address <admin>]",
+		Short: "Lists the records in flight, per store, a page at a time, from a running Caddy's admin API",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f := cmd.Flags()
+			q := url.Values{}
+			for flag, param := range map[string]string{"store": "store", "after": "after", "limit": "limit"} {
+				if v, _ := f.GetString(flag); v != "" {
+					q.Set(param, v)
+				}
+			}
+			address, _ := f.GetString("address")
+			address, err := caddycmd.DetermineAdminAPIAddress(address, nil, "", "")
+			if err != nil {
+				return err
+			}
+			resp, err := caddycmd.AdminAPIRequest(address, http.MethodGet, "/idempotency/in_flight?"+q.Encode(), nil, nil)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			_, err = io.Copy(cmd.OutOrStdout(), resp.Body)
+			return err
+		},
+	}
+	cmd.Flags().String("store", "", "the store's id (default: every store, a first page each)")
+	cmd.Flags().String("after", "", "the next member of the previous page (needs --store)")
+	cmd.Flags().String("limit", "", "the most records per store (default 100, at most 1000)")
+	cmd.Flags().String("address", "", "the admin API's address (default: Caddy's, localhost:2019)")
+	return cmd
 }

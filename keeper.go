@@ -24,8 +24,9 @@ import (
 // too. It knows nothing of HTTP.
 type keeper struct {
 	store   storage.Store
-	waiter  storage.Waiter     // nil when the store cannot notify
-	finder  storage.HashFinder // nil when the store cannot find by key hash
+	waiter  storage.Waiter         // nil when the store cannot notify
+	finder  storage.HashFinder     // nil when the store cannot find by key hash
+	lister  storage.InFlightLister // nil when the store cannot list
 	backend string
 	latency map[string]prometheus.Observer // by op
 
@@ -42,6 +43,7 @@ func newKeeper(store storage.Store, backend string) *keeper {
 	k := &keeper{store: store, backend: backend, latency: make(map[string]prometheus.Observer, len(storeOps))}
 	k.waiter, _ = store.(storage.Waiter)
 	k.finder, _ = store.(storage.HashFinder)
+	k.lister, _ = store.(storage.InFlightLister)
 	for _, op := range storeOps {
 		k.latency[op] = metrics.storeDuration.WithLabelValues(backend, op)
 	}
@@ -155,6 +157,18 @@ func (k *keeper) DeleteByHash(ctx context.Context, keyHash string) (int, error) 
 	n, err := k.finder.DeleteByHash(ctx, keyHash)
 	k.end("delete", start, span, err)
 	return n, err
+}
+
+// ListInFlight is storage.InFlightLister.ListInFlight, observed as a
+// get; nothing when the store cannot list.
+func (k *keeper) ListInFlight(ctx context.Context, after string, limit int) ([]storage.HashedRecord, error) {
+	if k.lister == nil {
+		return nil, nil
+	}
+	start, span := k.begin(ctx, "get")
+	page, err := k.lister.ListInFlight(ctx, after, limit)
+	k.end("get", start, span, err)
+	return page, err
 }
 
 // The conversation of a request.

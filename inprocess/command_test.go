@@ -76,6 +76,16 @@ func TestGetAndDeleteCommandsTalkToTheAdminAPI(t *testing.T) {
 	if err != nil || !strings.Contains(out, `"status":201`) {
 		t.Fatalf("get --key-hash: %v %q", err, out)
 	}
+	// list: the record is completed, so no store lists it in flight.
+	out, err = runIdempotency(t, "list", "--address", admin, "--limit", "10")
+	var listed struct {
+		Stores []struct {
+			Records []any `json:"records"`
+		} `json:"stores"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &listed) != nil || len(listed.Stores) == 0 || len(listed.Stores[0].Records) != 0 {
+		t.Fatalf("list: %v %q, want the stores, nothing in flight", err, out)
+	}
 	if _, err := runIdempotency(t, "delete", append(scope, "--address", admin)...); err != nil {
 		t.Fatal(err)
 	}

@@ -308,6 +308,22 @@ type HashFinder interface {
 	DeleteByHash(ctx context.Context, hash string) (int, error)
 }
 
+// InFlightLister is implemented by stores that can list their records in
+// flight (the requests running now, and keys whose owner died holding
+// them), for the admin API.
+type InFlightLister interface {
+	// ListInFlight returns up to limit live records in flight whose key's
+	// Hash sorts after after ("" from the first), in the order of their
+	// Hash: the pages of a listing, each record with its key's Hash.
+	ListInFlight(ctx context.Context, after string, limit int) ([]HashedRecord, error)
+}
+
+// HashedRecord is a record and its key's Hash.
+type HashedRecord struct {
+	KeyHash string
+	Record  *Record
+}
+
 // KeyLimiter is implemented by stores that cannot hold every key: a
 // Reserve of a longer Key.ID fails with an error wrapping ErrInvalid.
 // A caller that bounds its keys (the Caddy module's max_key_length) can

@@ -57,3 +57,14 @@ func (c *Store) MaxKeyLength() int {
 	}
 	return 0
 }
+
+var _ storage.InFlightLister = (*Store)(nil)
+
+// ListInFlight implements storage.InFlightLister when the wrapped store
+// does (nothing otherwise): records in flight are never cached.
+func (c *Store) ListInFlight(ctx context.Context, after string, limit int) ([]storage.HashedRecord, error) {
+	if l, ok := c.Store.(storage.InFlightLister); ok {
+		return l.ListInFlight(ctx, after, limit)
+	}
+	return nil, nil
+}

@@ -110,3 +110,41 @@ func scanRecord(row pgx.Row) (*storage.Record, error) {
 	}
 	return &rec, nil
 }
+
+var _ storage.InFlightLister = (*Store)(nil)
+
+// ListInFlight implements storage.InFlightLister, with GetByHash's scan.
+func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]storage.HashedRecord, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	ctx, cancel := s.scanContext(ctx)
+	defer cancel()
+	if err := s.ensureSchema(ctx); err != nil {
+		return nil, s.fail(ctx, "get", err)
+	}
+	var out []storage.HashedRecord
+	err := s.scan(ctx, func(tx pgx.Tx) error {
+		out = nil
+		rows, err := tx.Query(ctx, s.sql.listInFlight, after, limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			rec := &storage.Record{State: storage.InFlight}
+			var kh string
+			var token int64
+			if err := rows.Scan(&kh, &rec.Fingerprint, &token, &rec.CreatedAt, &rec.ExpiresAt); err != nil {
+				return err
+			}
+			rec.Token = storage.Token(token)
+			out = append(out, storage.HashedRecord{KeyHash: kh, Record: rec})
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, s.fail(ctx, "get", err)
+	}
+	return out, nil
+}

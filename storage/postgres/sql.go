@@ -19,7 +19,7 @@ const (
 type statements struct {
 	reserve, lookup                           string
 	complete, release, renew, get, delete     string
-	getByHash, deleteByHash                   string
+	getByHash, deleteByHash, listInFlight     string
 	watch                                     string
 	cleanupBatch, tryCleanupLock, cleanupDone string
 }
@@ -34,11 +34,14 @@ const existing = `e.fingerprint = $3 AS same, e.state, e.created_at, e.expires_a
 	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.body END AS body,
 	e.body_omitted, e.detail`
 
-// byHash is the condition of getByHash and deleteByHash.
-const byHash = `substring(sha256(
+// keyHash is a row's storage.Key.Hash, as bytes.
+const keyHash = `substring(sha256(
 	CASE WHEN octet_length(scope) < 128 THEN set_byte('\x00'::bytea, 0, octet_length(scope))
 	ELSE set_byte(set_byte('\x0000'::bytea, 0, (octet_length(scope) & 127) | 128), 1, octet_length(scope) >> 7) END
-	|| convert_to(scope, 'UTF8') || convert_to(key, 'UTF8')) from 1 for 8) = $1`
+	|| convert_to(scope, 'UTF8') || convert_to(key, 'UTF8')) from 1 for 8)`
+
+// byHash is the condition of getByHash and deleteByHash.
+const byHash = keyHash + ` = $1`
 
 func newStatements(table string) statements {
 	q := func(s string) string { return strings.ReplaceAll(s, "{table}", table) }
@@ -117,6 +120,12 @@ WHERE ctid = ANY (ARRAY(
 	COALESCE(status, 0), headers, CASE WHEN $2 THEN body END, body_omitted
 FROM {table} WHERE expires_at > now() AND ` + byHash),
 		deleteByHash: q(`DELETE FROM {table} WHERE expires_at > now() AND ` + byHash),
+		// The in-flight rows, by key hash: few (requests running now), so
+		// hashing each is cheap; the table scan is bounded by ScanTimeout.
+		listInFlight: q(`SELECT kh, fingerprint, token, created_at, expires_at FROM (
+	SELECT encode(` + keyHash + `, 'hex') AS kh, fingerprint, token, created_at, expires_at
+	FROM {table} WHERE state = 1 AND expires_at > now()) r
+WHERE kh COLLATE "C" > $1 ORDER BY kh COLLATE "C" LIMIT $2`),
 
 		// What a waiter's poller reads (see wait.go): the state, the
 		// lease's token and the microseconds it has left, rounded up (so

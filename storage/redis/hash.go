@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -108,4 +110,101 @@ func isHex(s string) bool {
 		}
 	}
 	return true
+}
+
+var _ storage.InFlightLister = (*Store)(nil)
+
+// scanBatch is how many key names one SCAN step asks for, and so how many
+// records one pipelined look at their state covers.
+const scanBatch = 1000
+
+// ListInFlight implements storage.InFlightLister: SCAN on every primary,
+// each batch of names looked at in one pipeline (HEXISTS of the lease
+// token, which only a record in flight has), keeping the limit smallest
+// key hashes after after; those are then read in full. Memory is bounded
+// by limit and the batch, whatever the store holds.
+func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]storage.HashedRecord, error) {
+	if s.invalid != nil {
+		return nil, fmt.Errorf("redis scan: %w", s.invalid)
+	}
+	if limit <= 0 {
+		return nil, nil
+	}
+	pattern := escapeGlob(s.prefix) + "*"
+	var mu sync.Mutex
+	var names []string // the page so far, by key hash
+	hashOf := func(name string) string { return name[len(s.prefix) : len(s.prefix)+storage.HashLen] }
+	keep := func(batch []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, name := range batch {
+			kh := hashOf(name)
+			if len(names) == limit && kh >= hashOf(names[limit-1]) {
+				continue
+			}
+			at, _ := slices.BinarySearchFunc(names, kh, func(n, kh string) int { return strings.Compare(hashOf(n), kh) })
+			names = slices.Insert(names, at, name)
+			if len(names) > limit {
+				names = names[:limit]
+			}
+		}
+	}
+	scan := func(ctx context.Context, c goredis.Cmdable) error {
+		var cursor uint64
+		for {
+			batch, next, err := c.Scan(ctx, cursor, pattern, scanBatch).Result()
+			if err != nil {
+				return err
+			}
+			batch = slices.DeleteFunc(batch, func(name string) bool {
+				// A record's name is the prefix and 32 hex digits (keyName);
+				// anything else under the prefix (a waiter's channel is not
+				// a key) is not one.
+				return len(name) != len(s.prefix)+32 || !isHex(name[len(s.prefix):]) || hashOf(name) <= after
+			})
+			if len(batch) > 0 {
+				pipe := c.Pipeline()
+				held := make([]*goredis.BoolCmd, len(batch))
+				for i, name := range batch {
+					held[i] = pipe.HExists(ctx, name, "t")
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					return err
+				}
+				inFlight := batch[:0]
+				for i, name := range batch {
+					if held[i].Val() {
+						inFlight = append(inFlight, name)
+					}
+				}
+				keep(inFlight)
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
+		}
+	}
+	var err error
+	if cc, ok := s.client.(*goredis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, s.client)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redis scan: %w", classify(err))
+	}
+	out := make([]storage.HashedRecord, 0, len(names))
+	for _, name := range names {
+		rec, err := s.getName(ctx, name, false)
+		switch {
+		case errors.Is(err, storage.ErrNotFound):
+			// Released, deleted or lapsed since the scan; one completed
+			// since is left out below.
+		case err != nil:
+			return nil, err
+		case rec.State == storage.InFlight:
+			out = append(out, storage.HashedRecord{KeyHash: hashOf(name), Record: rec})
+		}
+	}
+	return out, nil
 }

@@ -48,6 +48,7 @@ var suite = []subtest{
 	{"ReserveOtherFingerprintMismatches", testReserveOtherFingerprintMismatches},
 	{"MismatchCarriesTheDetail", testMismatchCarriesTheDetail},
 	{"FindByHash", testFindByHash},
+	{"ListInFlight", testListInFlight},
 	{"ReplayReturnsRecordedResponse", testReplayReturnsRecordedResponse},
 	{"EmptyBodyReplays", testEmptyBodyReplays},
 	{"BodyOmittedIsKept", testBodyOmittedIsKept},
