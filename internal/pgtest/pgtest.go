@@ -133,3 +133,26 @@ func redacted(dsn string) string {
 }
 
 var passwordKV = regexp.MustCompile(`password=('[^']*'|\S*)`)
+
+// WaitForLockWait waits until a statement on table waits for a lock (it
+// is blocked by another transaction's row or table lock).
+func WaitForLockWait(t testing.TB, dsn, table string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connecting to the test server: %v", err)
+	}
+	defer conn.Close(context.Background())
+	for {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, table).Scan(&n); err != nil {
+			t.Fatalf("waiting for a lock wait: %v", err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -26,3 +26,27 @@ func (s *Store) Listening(key storage.Key) bool { return s.watches.listening(key
 // drops the start-up parameter, leaves the store with. Only the retries
 // then keep it correct.
 func (s *Store) TrustSessions() { s.pinned = true }
+
+// BatchStats returns how many batches of reserves and of completions the
+// store sent, and the most statements in one batch of each.
+func (s *Store) BatchStats() (reserves, largestReserve, completes, largestComplete int) {
+	s.reserves.mu.Lock()
+	reserves, largestReserve = s.reserves.batches, s.reserves.largest
+	s.reserves.mu.Unlock()
+	s.completes.mu.Lock()
+	completes, largestComplete = s.completes.batches, s.completes.largest
+	s.completes.mu.Unlock()
+	return
+}
+
+// Queued returns how many statements wait for the next batch, of either
+// kind.
+func (s *Store) Queued() int {
+	s.reserves.mu.Lock()
+	n := len(s.reserves.queue)
+	s.reserves.mu.Unlock()
+	s.completes.mu.Lock()
+	n += len(s.completes.queue)
+	s.completes.mu.Unlock()
+	return n
+}

@@ -58,7 +58,21 @@ func (s *Store) leaseOp(ctx context.Context, op, sql string, key storage.Key, to
 	if err := s.ensureSchema(ctx); err != nil {
 		return s.fail(ctx, op, err)
 	}
-	tag, err := s.exec(ctx, sql, append([]any{key.Scope, key.ID, int64(token)}, args...)...)
+	args = append([]any{key.Scope, key.ID, int64(token)}, args...)
+	var tag pgconn.CommandTag
+	var err error
+	if op == "complete" {
+		// Completions waiting at the same moment share one commit
+		// (batch.go); a batch the server refused changed nothing, and the
+		// statement runs on its own.
+		err = s.completes.do(ctx, &batchItem{sql: sql, args: args, order: key.Scope + "\x00" + key.ID,
+			read: func(br pgx.BatchResults) (err error) { tag, err = br.Exec(); return err }})
+		if errors.Is(err, errBatchRolledBack) {
+			tag, err = s.exec(ctx, sql, args...)
+		}
+	} else {
+		tag, err = s.exec(ctx, sql, args...)
+	}
 	if err != nil {
 		return s.fail(ctx, op, err)
 	}

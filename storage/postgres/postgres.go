@@ -131,6 +131,10 @@ type Store struct {
 	// watches shares one poll per key among the waiters (see wait.go).
 	watches watches
 
+	// reserves and completes batch the statements waiting at the same
+	// moment into one commit (see batch.go).
+	reserves, completes batcher
+
 	closed atomic.Bool // set by Close
 	pinned bool        // the pool starts its sessions at READ COMMITTED
 
@@ -187,6 +191,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		cleanupDone: make(chan struct{}),
 		pinned:      pins(pool),
 	}
+	s.reserves.s, s.completes.s = s, s
 	go s.cleanupLoop(ctx)
 	return s, nil
 }

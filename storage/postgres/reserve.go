@@ -67,7 +67,22 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 			return failed(err)
 		}
 		var row existingRow
-		err = s.queryRow(ctx, row.reserveDest(), s.sql.reserve, key.Scope, key.ID, fp, int64(tok), micros(lease))
+		args := []any{key.Scope, key.ID, fp, int64(tok), micros(lease)}
+		if attempt == 0 {
+			// The first round goes with the reserves waiting now, in one
+			// commit (batch.go); a batch the server refused changed
+			// nothing, and the statement runs on its own.
+			err = s.reserves.do(ctx, &batchItem{sql: s.sql.reserve, args: args, order: key.Scope + "\x00" + key.ID,
+				read: func(br pgx.BatchResults) error { return br.QueryRow().Scan(row.reserveDest()...) }})
+			if errors.Is(err, errBatchRolledBack) {
+				if retryable(err) {
+					s.countRetry(err) // the batch was rolled back for a conflict
+				}
+				err = s.queryRow(ctx, row.reserveDest(), s.sql.reserve, args...)
+			}
+		} else {
+			err = s.queryRow(ctx, row.reserveDest(), s.sql.reserve, args...)
+		}
 		switch {
 		case err == nil && row.acquired:
 			return storage.Reservation{Outcome: storage.Acquired, Token: tok}, nil

@@ -35,6 +35,18 @@ func (tr *tracer) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.Trac
 
 func (*tracer) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
 
+// A statement sent in a batch (reserves and completions, batch.go) counts
+// as one too.
+func (*tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (tr *tracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	tr.queries.Add(1)
+}
+
+func (*tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 // TestStatementsPerOperation measures what each operation costs the
 // server, as committed transactions of a database of the test's own (so
 // that tests running in parallel do not count), and the client, as
