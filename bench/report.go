@@ -48,7 +48,11 @@ func report(o options, cases []benchCase, results map[string][]sample) string {
 			for _, s := range runs {
 				ts = append(ts, s.trips)
 			}
-			trips = fmt.Sprintf("%.3f-%.3f (want %g)", minOf(ts), maxOf(ts), c.want)
+			want := fmt.Sprintf("want %g", c.want)
+			if c.atMost && c.want > 0 {
+				want = fmt.Sprintf("want at most %g", c.want)
+			}
+			trips = fmt.Sprintf("%.3f-%.3f (%s)", minOf(ts), maxOf(ts), want)
 		}
 		fmt.Fprintf(&b, "| %s | %.0f | %s | %s | %s / %s | %.1f µs | %s | %s |\n",
 			c.name, median(rps), ratio, target, ms(mid.p50), ms(mid.p99),

@@ -26,6 +26,7 @@ type benchCase struct {
 	target   float64
 	count    counter // store round trips; nil when not counted
 	want     float64 // round trips per request the design promises
+	atMost   bool    // want is a ceiling: PostgreSQL batches the statements of concurrent requests into shared commits
 	url      string
 	prefix   string // replay keys: prefix-0 .. prefix-<keys-1>
 }
@@ -39,8 +40,8 @@ type sample struct {
 
 // targets are the ratios issue 15 asks for, to the case's baseline.
 var targets = map[string]float64{
-	"memory new": 0.95, "redis new": 0.75, "postgres new": 0.35,
-	"memory replay": 0.9, "redis replay": 0.6, "postgres replay": 1.0,
+	"memory new": 0.95, "redis new": 0.70, "postgres new": 0.40,
+	"memory replay": 0.95, "redis replay": 0.65, "postgres replay": 1.2,
 }
 
 func run(o options) error {
@@ -166,6 +167,7 @@ func buildCases(o options, env *storeEnv, ports map[string]int) []benchCase {
 			if strings.HasSuffix(store, cachedSuffix) {
 				c.want = 0
 			}
+			c.atMost = strings.HasPrefix(store, "postgres")
 			cases = append(cases, c)
 		}
 	}
