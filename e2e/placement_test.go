@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // The worst mistake a configuration can make with this module puts
@@ -44,6 +46,11 @@ func TestMisplacedIdempotencyIsNamedAtStartAndOnEveryReload(t *testing.T) {
 			// A reload to a config that differs (an unchanged one is not
 			// loaded again).
 			reload(t, inst, site{globals: p.globals + "\ngrace_period 2s", routes: p.routes})
+			// The log reaches us through a pipe: once the reload's last
+			// line is in, every line before it is.
+			testutil.Eventually(t, 30*time.Second, "the reload's log", func() bool {
+				return strings.Contains(inst.Log(), `"msg":"load complete"`)
+			})
 			n := strings.Count(inst.Log(), misplacedLog)
 			if !p.misplaced {
 				if n != 0 {
