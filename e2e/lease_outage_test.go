@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // These tests cut one instance off its store (a black hole, or refused
@@ -154,11 +156,13 @@ func (s outageSetup) settled(t *testing.T, key string) {
 
 // mustHaveLogged fails unless a's log shows what the scenario is about,
 // so that a test that passed proves what it says.
+// The log comes through a pipe, so a line written a moment ago may not
+// be in yet: it gets a while.
 func mustHaveLogged(t *testing.T, inst *caddyproc.Instance, what string) {
 	t.Helper()
-	if !strings.Contains(inst.Log(), what) {
-		t.Fatalf("caddy %s never logged %q: the outage did not meet what this test is about", inst.Name, what)
-	}
+	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("caddy %s to log %q (else the outage did not meet what this test is about)", inst.Name, what), func() bool {
+		return strings.Contains(inst.Log(), what)
+	})
 }
 
 // An outage of the documented tolerance while the request runs never lets
