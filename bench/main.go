@@ -15,9 +15,14 @@
 // store's heap per record and garbage-collection pause at a million
 // records.
 //
+// Then it measures latency at a fixed open-loop rate (half of plain's
+// throughput; latency.go), and each of Redis and PostgreSQL with ten
+// million live records against the same store empty, with PostgreSQL's
+// cleanup of a million expired rows while it serves (scale.go).
+//
 //	go run ./bench [-rounds 5] [-duration 4s] [-conns 32] [-body 86]
 //	               [-stores memory,redis,postgres] [-write docs/performance.md]
-//	               [-profile dir]
+//	               [-profile dir] [-rate 0] [-live 10000000] [-expired 1000000]
 //
 // Redis and PostgreSQL are those of the tests (IDEMPOTENCY_REDIS_URL or
 // IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN; `make bench` starts
@@ -45,6 +50,17 @@ type options struct {
 	profile  string // a directory for CPU profiles of the last round
 	// pgMaxConns is the PostgreSQL store's max_conns (0: its default).
 	pgMaxConns int
+
+	// The open-loop latency runs (latency.go).
+	rate            float64 // requests per second; 0: half of plain's median throughput
+	latencyRounds   int
+	latencyDuration time.Duration
+	openConns       int // the open-loop generator's connections at most
+
+	// The runs with live records (scale.go).
+	live        int // records put in Redis and PostgreSQL; 0 skips
+	expired     int // expired rows the PostgreSQL cleanup run deletes
+	scaleRounds int
 }
 
 func main() {
@@ -60,6 +76,13 @@ func main() {
 	flag.IntVar(&o.records, "records", 1_000_000, "records for the memory store's heap measurement (0: skip it)")
 	flag.IntVar(&o.pgMaxConns, "pg-max-conns", 0, "the PostgreSQL store's max_conns (0: the module's default)")
 	flag.StringVar(&o.profile, "profile", "", "write a CPU profile of Caddy for every case of the last round into this directory")
+	flag.Float64Var(&o.rate, "rate", 0, "open-loop rate of the latency runs, requests/s (0: half of plain's median throughput)")
+	flag.IntVar(&o.latencyRounds, "latency-rounds", 3, "rounds of open-loop latency runs (0: skip them)")
+	flag.DurationVar(&o.latencyDuration, "latency-duration", 5*time.Second, "length of each open-loop run")
+	flag.IntVar(&o.openConns, "open-conns", 256, "connections of the open-loop generator at most")
+	flag.IntVar(&o.live, "live", 10_000_000, "live records put in Redis and PostgreSQL for the runs against a full store (0: skip them)")
+	flag.IntVar(&o.expired, "expired", 1_000_000, "expired PostgreSQL rows for the cleanup run")
+	flag.IntVar(&o.scaleRounds, "scale-rounds", 3, "rounds of the runs against a full store")
 	flag.StringVar(&o.write, "write", "", "also write the results into this Markdown file, between its bench markers")
 	flag.Parse()
 	o.stores = strings.Split(stores, ",")

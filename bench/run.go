@@ -74,7 +74,7 @@ func run(o options) error {
 		return err
 	}
 	defer up.srv.Close()
-	env, err := prepareStores(o.stores, o.pgMaxConns)
+	env, err := prepareStores(o.stores, o.pgMaxConns, o.live > 0)
 	if err != nil {
 		return err
 	}
@@ -83,7 +83,11 @@ func run(o options) error {
 	body := jsonBody(o.bodySize)
 	ports := make(map[string]int)
 	var sites strings.Builder
-	for _, name := range append([]string{"plain", "static"}, o.stores...) {
+	sitesOf := append([]string{"plain", "static"}, o.stores...)
+	for _, s := range liveStores(o) {
+		sitesOf = append(sitesOf, s+liveSuffix)
+	}
+	for _, name := range sitesOf {
 		port, err := caddyproc.FreePort()
 		if err != nil {
 			return err
@@ -130,6 +134,28 @@ func run(o options) error {
 		fmt.Fprintln(os.Stderr)
 	}
 	table := report(o, cases, results)
+	rate := o.rate
+	if rate == 0 {
+		var plain []float64
+		for _, s := range results["plain"] {
+			plain = append(plain, s.rps)
+		}
+		rate = median(plain) / 2
+	}
+	if o.latencyRounds > 0 {
+		lat, err := latencyRounds(o, cases, rate, body)
+		if err != nil {
+			return err
+		}
+		table += "\n" + latencyReport(o, cases, rate, lat)
+	}
+	if len(liveStores(o)) > 0 {
+		scale, err := scalePhase(o, dir, env, ports, rate, body)
+		if err != nil {
+			return err
+		}
+		table += "\n" + scale
+	}
 	if o.records > 0 {
 		fmt.Fprintf(os.Stderr, "memory store with %d records...\n", o.records)
 		table += "\n" + memoryStoreReport(o.records)

@@ -36,6 +36,10 @@ const cachedSuffix = "+cache"
 // one client, so the memory store's per-client bound is lifted.
 func (e *storeEnv) directive(site string) string {
 	const ttl = "\t\tttl 10m\n"
+	db, table := 0, e.pgTable
+	if base, ok := strings.CutSuffix(site, liveSuffix); ok {
+		site, db, table = base, liveRedisDB, e.liveTable()
+	}
 	cache := ""
 	if strings.HasSuffix(site, cachedSuffix) {
 		cache = "\t\t\treplay_cache 100000 10s\n"
@@ -44,19 +48,25 @@ func (e *storeEnv) directive(site string) string {
 	case "memory":
 		return "\tidempotency {\n" + ttl + "\t\tstorage memory {\n\t\t\tmax_keys_per_scope 100000000\n\t\t}\n\t}\n"
 	case "redis":
-		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl redis://%s/0\n\t\t\tkey_prefix %s\n%s\t\t}\n\t}\n", ttl, e.redisAddr, e.redisPrefix, cache)
+		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage redis {\n\t\t\turl redis://%s/%d\n\t\t\tkey_prefix %s\n%s\t\t}\n\t}\n", ttl, e.redisAddr, db, e.redisPrefix, cache)
 	case "postgres":
 		if e.pgMaxConns > 0 {
 			cache += fmt.Sprintf("\t\t\tmax_conns %d\n", e.pgMaxConns)
 		}
-		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n%s\t\t}\n\t}\n", ttl, e.pgDSN, e.pgTable, cache)
+		if table != e.pgTable {
+			cache += "\t\t\tcleanup_interval 1s\n" // for the cleanup run of scale.go
+		}
+		return fmt.Sprintf("\tidempotency {\n%s\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n%s\t\t}\n\t}\n", ttl, e.pgDSN, table, cache)
 	}
 	return ""
 }
 
 const benchDatabase = "idempotency_bench"
 
-func prepareStores(stores []string, pgMaxConns int) (*storeEnv, error) {
+// liveTable is the table of the PostgreSQL site with live records.
+func (e *storeEnv) liveTable() string { return e.pgTable + "_live" }
+
+func prepareStores(stores []string, pgMaxConns int, live bool) (*storeEnv, error) {
 	e := &storeEnv{counters: map[string]counter{}, versions: map[string]string{}, pgMaxConns: pgMaxConns}
 	ctx := context.Background()
 	for _, s := range stores {
@@ -76,6 +86,16 @@ func prepareStores(stores []string, pgMaxConns int) (*storeEnv, error) {
 			e.versions["redis"] = infoField(info, "redis_version")
 			e.counters["redis"] = redisScripts{client}
 			e.cleanup = append(e.cleanup, func() { deletePrefix(client, e.redisPrefix); client.Close() })
+			if live {
+				// The live records get a database of their own, so that the
+				// empty store's keyspace stays empty; it must be unused.
+				liveDB := goredis.NewClient(&goredis.Options{Addr: e.redisAddr, DB: liveRedisDB})
+				if n, err := liveDB.DBSize(ctx).Result(); err != nil || n > 0 {
+					liveDB.Close()
+					return nil, fmt.Errorf("redis at %s: database %d holds %d keys (%v); -live needs it empty", e.redisAddr, liveRedisDB, n, err)
+				}
+				e.cleanup = append(e.cleanup, func() { liveDB.FlushDBAsync(ctx); liveDB.Close() })
+			}
 		case "postgres":
 			admin := envOr("IDEMPOTENCY_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 			conn, err := pgx.Connect(ctx, admin)
@@ -96,7 +116,7 @@ func prepareStores(stores []string, pgMaxConns int) (*storeEnv, error) {
 			e.pgDSN = withDatabase(admin, benchDatabase)
 			e.pgTable = "bench_" + randomHex(4)
 			e.counters["postgres"] = postgresCommits{dsn: admin, database: benchDatabase}
-			e.cleanup = append(e.cleanup, func() { dropTable(e.pgDSN, e.pgTable) })
+			e.cleanup = append(e.cleanup, func() { dropTable(e.pgDSN, e.pgTable); dropTable(e.pgDSN, e.liveTable()) })
 		default:
 			return nil, fmt.Errorf("unknown store %q", s)
 		}
