@@ -15,19 +15,18 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
 
-// caddyContext returns a fresh Caddy context. It is cancelled when the test
-// ends (which cleans up the guest storage modules loaded with it); cancel
-// may also be called earlier, and more than once.
+// caddyContext returns a fresh Caddy context, cancelled when the test ends
+// (which cleans up the guest storage modules loaded with it); cancel may
+// also be called earlier, and more than once.
 func caddyContext(t *testing.T) (caddy.Context, context.CancelFunc) {
 	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	return ctx, cancel
+	return backendtest.CaddyContext(t)
 }
 
 // tryProvision provisions and validates h, as caddy.Context.LoadModule

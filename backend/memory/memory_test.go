@@ -1,15 +1,13 @@
 package memory
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
+	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -19,7 +17,7 @@ import (
 // sending 25,000 new keys within ttl is never refused (the adapter's
 // default of 10,000 keys per scope answered 429 to the rest).
 func TestMemoryDefaultsServeOneHeavyClient(t *testing.T) {
-	ctx, _ := caddyContext(t)
+	ctx, _ := backendtest.CaddyContext(t)
 	m := new(Storage)
 	if err := m.Provision(ctx); err != nil {
 		t.Fatal(err)
@@ -44,37 +42,18 @@ func TestMemoryDefaultsServeOneHeavyClient(t *testing.T) {
 // TestMemoryMaxBytesFromJSON: max_bytes is in bytes; a value below a
 // megabyte is refused, naming the option.
 func TestMemoryMaxBytesFromJSON(t *testing.T) {
-	ctx, _ := caddyContext(t)
-	h := fromJSON(t, `{"max_bytes":512}`)
+	ctx, _ := backendtest.CaddyContext(t)
+	h := backendtest.FromJSON[Storage](t, `{"max_bytes":512}`)
 	err := h.Provision(ctx)
 	if err == nil || !strings.Contains(err.Error(), "memory storage: max_bytes must be at least 1.0 MiB, got 512") {
 		t.Fatalf("Provision: %v", err)
 	}
 	h.Cleanup()
-	ok := fromJSON(t, `{"max_bytes":268435456}`)
+	ok := backendtest.FromJSON[Storage](t, `{"max_bytes":268435456}`)
 	if err := ok.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
 	ok.Cleanup()
-}
-
-// caddyContext is a Caddy context for provisioning modules, cancelled
-// (its modules cleaned up) after the test.
-func caddyContext(t *testing.T) (caddy.Context, context.CancelFunc) {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	return ctx, cancel
-}
-
-// fromJSON decodes a memory storage config as Caddy would.
-func fromJSON(t *testing.T, config string) *Storage {
-	t.Helper()
-	m := new(Storage)
-	if err := caddy.StrictUnmarshalJSON([]byte(config), m); err != nil {
-		t.Fatalf("decoding %s: %v", config, err)
-	}
-	return m
 }
 
 // TestMemoryValidateAndCompileErrors: a compile error names its option;
@@ -87,17 +66,17 @@ func TestMemoryValidateAndCompileErrors(t *testing.T) {
 		`{"max_keys_per_scope":-1}`: "max_keys_per_scope",
 		`{"max_bytes":1024}`:        "max_bytes",
 	} {
-		bad := fromJSON(t, config)
+		bad := backendtest.FromJSON[Storage](t, config)
 		if got := opterr.Options(bad.Validate()); !slices.Equal(got, []string{option}) {
 			t.Errorf("%s: Validate names %q, want %s", config, got, option)
 		}
-		ctx, _ := caddyContext(t)
+		ctx, _ := backendtest.CaddyContext(t)
 		if err := bad.Provision(ctx); err == nil || bad.Store() != nil {
 			t.Errorf("%s: Provision %v, store %v: want an error and no store", config, err, bad.Store())
 		}
 	}
-	ctx, _ := caddyContext(t)
-	m := fromJSON(t, `{"max_keys":1000}`)
+	ctx, _ := backendtest.CaddyContext(t)
+	m := backendtest.FromJSON[Storage](t, `{"max_keys":1000}`)
 	if err := m.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}

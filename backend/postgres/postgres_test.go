@@ -1,21 +1,19 @@
 package postgres
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
-
+	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
 func TestPostgresProvisionDefaults(t *testing.T) {
 	p := &Storage{DSN: "postgres://postgres@127.0.0.1:1/test"}
-	ctx, _ := caddyContext(t)
+	ctx, _ := backendtest.CaddyContext(t)
 	if err := p.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -57,8 +55,8 @@ func TestPostgresProvisionErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ctx, _ := caddyContext(t)
-			h := fromJSON(t, tt.storage)
+			ctx, _ := backendtest.CaddyContext(t)
+			h := backendtest.FromJSON[Storage](t, tt.storage)
 			err := h.Provision(ctx)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("provision: %v, want an error mentioning %q", err, tt.want)
@@ -80,7 +78,7 @@ func TestPostgresDSNPlaceholderIsNeverWrittenBack(t *testing.T) {
 	const secret = "pw-9f2c1e"
 	t.Setenv("IDEM_TEST_PG_PASSWORD", secret)
 	p := &Storage{DSN: "postgres://postgres:{env.IDEM_TEST_PG_PASSWORD}@127.0.0.1:1/test?sslmode=disable"}
-	ctx, _ := caddyContext(t)
+	ctx, _ := backendtest.CaddyContext(t)
 	if err := p.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +99,7 @@ func TestPostgresDSNPlaceholderIsNeverWrittenBack(t *testing.T) {
 // known placeholder.
 func TestPostgresPasswordWithBraces(t *testing.T) {
 	p := &Storage{DSN: "host=127.0.0.1 port=1 user=postgres password=a{b}c dbname=test"}
-	ctx, _ := caddyContext(t)
+	ctx, _ := backendtest.CaddyContext(t)
 	if err := p.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -118,8 +116,8 @@ func TestPostgresDurationBoundsAreInclusive(t *testing.T) {
 		`"timeout":"10ms","cleanup_interval":"1s"`,
 		`"timeout":"1m","cleanup_interval":"720h"`,
 	} {
-		ctx, _ := caddyContext(t)
-		p := fromJSON(t, `{"dsn":"postgres://postgres@127.0.0.1:1/test",`+storage+`}`)
+		ctx, _ := backendtest.CaddyContext(t)
+		p := backendtest.FromJSON[Storage](t, `{"dsn":"postgres://postgres@127.0.0.1:1/test",`+storage+`}`)
 		if err := p.Provision(ctx); err != nil {
 			t.Fatalf("%s: %v", storage, err)
 		}
@@ -128,25 +126,6 @@ func TestPostgresDurationBoundsAreInclusive(t *testing.T) {
 		}
 		p.Cleanup()
 	}
-}
-
-// caddyContext is a Caddy context for provisioning modules, cancelled
-// (its modules cleaned up) after the test.
-func caddyContext(t *testing.T) (caddy.Context, context.CancelFunc) {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	return ctx, cancel
-}
-
-// fromJSON decodes a postgres storage config as Caddy would.
-func fromJSON(t *testing.T, config string) *Storage {
-	t.Helper()
-	p := new(Storage)
-	if err := caddy.StrictUnmarshalJSON([]byte(config), p); err != nil {
-		t.Fatalf("decoding %s: %v", config, err)
-	}
-	return p
 }
 
 // TestPostgresValidateAndCompileErrors: a compile error names its option
@@ -163,12 +142,12 @@ func TestPostgresValidateAndCompileErrors(t *testing.T) {
 		`{"replay_cache":{"max_entries":0}}`:      "replay_cache",
 		`{"dsn":"x","table":"a.b.c","timeout":1}`: "timeout",
 	} {
-		if got := opterr.Options(fromJSON(t, config).Validate()); !slices.Equal(got, []string{option}) {
+		if got := opterr.Options(backendtest.FromJSON[Storage](t, config).Validate()); !slices.Equal(got, []string{option}) {
 			t.Errorf("%s: Validate names %q, want %s", config, got, option)
 		}
 	}
-	ctx, _ := caddyContext(t)
-	p := fromJSON(t, `{"dsn":"postgres://postgres@127.0.0.1:1/test"}`)
+	ctx, _ := backendtest.CaddyContext(t)
+	p := backendtest.FromJSON[Storage](t, `{"dsn":"postgres://postgres@127.0.0.1:1/test"}`)
 	if err := p.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}

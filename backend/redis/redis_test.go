@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -13,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
@@ -95,7 +95,7 @@ func TestRedisConfigResolvesPlaceholdersAndRejectsConflicts(t *testing.T) {
 func TestRedisSecretsStayOutOfConfig(t *testing.T) {
 	const secret = "pa55-w0rd-from-env"
 	t.Setenv("IDEM_TEST_REDIS_SECRET", secret)
-	ctx, _ := caddyContext(t)
+	ctx, _ := backendtest.CaddyContext(t)
 	r := &Storage{
 		URL:       "redis://127.0.0.1:1/0",
 		Username:  "{env.IDEM_TEST_REDIS_SECRET}",
@@ -151,7 +151,7 @@ func TestRedisProvisionSharesOneClient(t *testing.T) {
 		}
 		return r
 	}
-	ctx1, _ := caddyContext(t)
+	ctx1, _ := backendtest.CaddyContext(t)
 	a, b, c := provisioned(ctx1, 5), provisioned(ctx1, 5), provisioned(ctx1, 6)
 	if a.Store() != b.Store() {
 		t.Error("same configuration, two stores")
@@ -160,7 +160,7 @@ func TestRedisProvisionSharesOneClient(t *testing.T) {
 		t.Error("different pool_size, one store")
 	}
 	// Reload: the new config is provisioned before the old is cleaned up.
-	ctx2, _ := caddyContext(t)
+	ctx2, _ := backendtest.CaddyContext(t)
 	d := provisioned(ctx2, 5)
 	shared := a.Store()
 	for _, r := range []*Storage{a, b, c} {
@@ -197,8 +197,8 @@ func TestRedisDurationsInNanosecondsAreConfigErrors(t *testing.T) {
 		`"replay_cache": {"max_entries": 10, "ttl": 30}`: "redis storage: replay_cache: ttl must be at least 1s, got 30ns",
 		`"key_prefix": "{shop}:"`:                        "redis storage: key_prefix must not contain",
 	} {
-		ctx, _ := caddyContext(t)
-		h := fromJSON(t, `{`+field+`}`)
+		ctx, _ := backendtest.CaddyContext(t)
+		h := backendtest.FromJSON[Storage](t, `{`+field+`}`)
 		err := h.Provision(ctx)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: Provision error %v, want one containing %q", field, err, want)
@@ -210,8 +210,8 @@ func TestRedisDurationsInNanosecondsAreConfigErrors(t *testing.T) {
 }
 
 func TestRedisProvisionRejectsBadConfigWithoutHoldingAStore(t *testing.T) {
-	ctx, _ := caddyContext(t)
-	bad := fromJSON(t, `{"url":"redis://a:6379","addresses":["b:1"]}`)
+	ctx, _ := backendtest.CaddyContext(t)
+	bad := backendtest.FromJSON[Storage](t, `{"url":"redis://a:6379","addresses":["b:1"]}`)
 	err := bad.Provision(ctx)
 	if err == nil || !strings.Contains(err.Error(), "mutually exclusive") {
 		t.Fatalf("Provision: %v", err)
@@ -224,25 +224,6 @@ func TestRedisProvisionRejectsBadConfigWithoutHoldingAStore(t *testing.T) {
 	}
 }
 
-// caddyContext is a Caddy context for provisioning modules, cancelled
-// (its modules cleaned up) after the test.
-func caddyContext(t *testing.T) (caddy.Context, context.CancelFunc) {
-	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	return ctx, cancel
-}
-
-// fromJSON decodes a redis storage config as Caddy would.
-func fromJSON(t *testing.T, config string) *Storage {
-	t.Helper()
-	r := new(Storage)
-	if err := caddy.StrictUnmarshalJSON([]byte(config), r); err != nil {
-		t.Fatalf("decoding %s: %v", config, err)
-	}
-	return r
-}
-
 // The Redis TLS options against a private redis-server that speaks TLS
 // with a certificate from a test CA and requires a client certificate.
 func TestRedisTLSOptionsReachATLSServer(t *testing.T) {
@@ -253,8 +234,8 @@ func TestRedisTLSOptionsReachATLSServer(t *testing.T) {
 	}
 	// reserve provisions the storage and takes a new key in its store.
 	reserve := func(extra string) error {
-		ctx, _ := caddyContext(t)
-		r := fromJSON(t, config(extra))
+		ctx, _ := backendtest.CaddyContext(t)
+		r := backendtest.FromJSON[Storage](t, config(extra))
 		if err := r.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -293,8 +274,8 @@ func TestRedisTLSOptionsReachATLSServer(t *testing.T) {
 }
 
 func TestRedisTLSFilesThatCannotBeReadFailProvision(t *testing.T) {
-	ctx, _ := caddyContext(t)
-	r := fromJSON(t, `{"url":"redis://127.0.0.1:1/0","tls_ca_file":"/nonexistent/ca.pem"}`)
+	ctx, _ := backendtest.CaddyContext(t)
+	r := backendtest.FromJSON[Storage](t, `{"url":"redis://127.0.0.1:1/0","tls_ca_file":"/nonexistent/ca.pem"}`)
 	if err := r.Provision(ctx); err == nil {
 		t.Fatal("a tls_ca_file that cannot be read was accepted")
 	}
@@ -322,12 +303,12 @@ func TestRedisValidateAndCompileErrors(t *testing.T) {
 		`{"key_prefix":"{x}"}`:                          {"key_prefix"},
 		`{"replay_cache":{"max_entries":0}}`:            {"replay_cache"},
 	} {
-		if got := opterr.Options(fromJSON(t, config).Validate()); !slices.Equal(got, options) {
+		if got := opterr.Options(backendtest.FromJSON[Storage](t, config).Validate()); !slices.Equal(got, options) {
 			t.Errorf("%s: Validate names %q, want %q", config, got, options)
 		}
 	}
-	ctx, _ := caddyContext(t)
-	r := fromJSON(t, `{"url":"redis://127.0.0.1:1/0","key_prefix":"idempotency-test:`+t.Name()+`:"}`)
+	ctx, _ := backendtest.CaddyContext(t)
+	r := backendtest.FromJSON[Storage](t, `{"url":"redis://127.0.0.1:1/0","key_prefix":"idempotency-test:`+t.Name()+`:"}`)
 	if err := r.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}

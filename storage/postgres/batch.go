@@ -146,8 +146,14 @@ func (b *batcher) drain() {
 		b.queue = nil
 		b.batches++
 		b.largest = max(b.largest, len(batch))
+		// The latest deadline; none when a statement has none (its
+		// request waits as long as it takes).
 		var deadline time.Time
 		for _, it := range batch {
+			if it.deadline.IsZero() {
+				deadline = time.Time{}
+				break
+			}
 			if it.deadline.After(deadline) {
 				deadline = it.deadline
 			}

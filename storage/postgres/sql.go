@@ -108,7 +108,8 @@ WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM {table}
 	WHERE expires_at <= now()
 		AND (state = 2 OR expires_at <= now() - $1::bigint * interval '1 microsecond')
-	LIMIT $2))
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED))
 	AND expires_at <= now()
 	AND (state = 2 OR expires_at <= now() - $1::bigint * interval '1 microsecond')`),
 		// The rows whose key's Hash (storage.Key.Hash) is $1: the first

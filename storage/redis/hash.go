@@ -76,6 +76,16 @@ func (s *Store) namesByHash(ctx context.Context, hash string) ([]string, error) 
 		}
 		return iter.Err()
 	}
+	if err := s.scanPrimaries(ctx, scan); err != nil {
+		return nil, err
+	}
+	return names, nil
+}
+
+// scanPrimaries runs scan on every primary that holds keys of the store:
+// each master of a cluster (concurrently, so scan must lock what it
+// shares), else the one server. SCAN only sees the node it is sent to.
+func (s *Store) scanPrimaries(ctx context.Context, scan func(context.Context, goredis.Cmdable) error) error {
 	var err error
 	if cc, ok := s.client.(*goredis.ClusterClient); ok {
 		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error { return scan(ctx, c) })
@@ -83,9 +93,9 @@ func (s *Store) namesByHash(ctx context.Context, hash string) ([]string, error) 
 		err = scan(ctx, s.client)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("redis scan: %w", classify(err))
+		return fmt.Errorf("redis scan: %w", classify(err))
 	}
-	return names, nil
+	return nil
 }
 
 // escapeGlob escapes the characters SCAN's MATCH treats as a pattern.
@@ -184,14 +194,8 @@ func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]st
 			}
 		}
 	}
-	var err error
-	if cc, ok := s.client.(*goredis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error { return scan(ctx, c) })
-	} else {
-		err = scan(ctx, s.client)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("redis scan: %w", classify(err))
+	if err := s.scanPrimaries(ctx, scan); err != nil {
+		return nil, err
 	}
 	out := make([]storage.HashedRecord, 0, len(names))
 	for _, name := range names {
