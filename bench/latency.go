@@ -48,9 +48,9 @@ func latencyRounds(o options, cases []benchCase, rate float64, body []byte) (map
 // latencyReport renders the open-loop rounds: per case the median p50
 // and p99, and what the case adds to plain's in the same round (median
 // over the rounds, with the range of the p99's).
-func latencyReport(o options, cases []benchCase, rate float64, results map[string][]openLoopRun) string {
+func latencyReport(o options, cases []benchCase, fraction, rate float64, results map[string][]openLoopRun) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Latency at a fixed open-loop rate of %.0f requests/s (half of plain's median throughput above), %d rounds of %s, measured from when each request was due:\n\n", rate, o.latencyRounds, o.latencyDuration)
+	fmt.Fprintf(&b, "Latency at a fixed open-loop rate of %.0f requests/s (%.2f of plain's median throughput above), %d rounds of %s, measured from when each request was due:\n\n", rate, fraction, o.latencyRounds, o.latencyDuration)
 	b.WriteString("| case | p50 | p99 | added p50 over plain | added p99 over plain (median, range) | target (added p99) | generator late by at most |\n")
 	b.WriteString("| --- | ---: | ---: | ---: | ---: | --- | ---: |\n")
 	plain := results["plain"]

@@ -15,14 +15,14 @@
 // store's heap per record and garbage-collection pause at a million
 // records.
 //
-// Then it measures latency at a fixed open-loop rate (half of plain's
-// throughput; latency.go), and each of Redis and PostgreSQL with ten
+// Then it measures latency at fixed open-loop rates (half and a quarter
+// of plain's throughput; latency.go), and each of Redis and PostgreSQL with ten
 // million live records against the same store empty, with PostgreSQL's
 // cleanup of a million expired rows while it serves (scale.go).
 //
 //	go run ./bench [-rounds 5] [-duration 4s] [-conns 32] [-body 86]
 //	               [-stores memory,redis,postgres] [-write docs/performance.md]
-//	               [-profile dir] [-rate 0] [-live 10000000] [-expired 1000000]
+//	               [-profile dir] [-rates 0.5,0.25] [-live 10000000] [-expired 1000000]
 //
 // Redis and PostgreSQL are those of the tests (IDEMPOTENCY_REDIS_URL or
 // IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN; `make bench` starts
@@ -33,6 +33,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -52,7 +53,7 @@ type options struct {
 	pgMaxConns int
 
 	// The open-loop latency runs (latency.go).
-	rate            float64 // requests per second; 0: half of plain's median throughput
+	rates           []float64 // fractions of plain's median throughput
 	latencyRounds   int
 	latencyDuration time.Duration
 	openConns       int // the open-loop generator's connections at most
@@ -76,7 +77,7 @@ func main() {
 	flag.IntVar(&o.records, "records", 1_000_000, "records for the memory store's heap measurement (0: skip it)")
 	flag.IntVar(&o.pgMaxConns, "pg-max-conns", 0, "the PostgreSQL store's max_conns (0: the module's default)")
 	flag.StringVar(&o.profile, "profile", "", "write a CPU profile of Caddy for every case of the last round into this directory")
-	flag.Float64Var(&o.rate, "rate", 0, "open-loop rate of the latency runs, requests/s (0: half of plain's median throughput)")
+	rates := flag.String("rates", "0.5,0.25", "open-loop rates of the latency runs, as fractions of plain's median throughput; the last is that of the runs against a full store")
 	flag.IntVar(&o.latencyRounds, "latency-rounds", 3, "rounds of open-loop latency runs (0: skip them)")
 	flag.DurationVar(&o.latencyDuration, "latency-duration", 5*time.Second, "length of each open-loop run")
 	flag.IntVar(&o.openConns, "open-conns", 256, "connections of the open-loop generator at most")
@@ -86,6 +87,14 @@ func main() {
 	flag.StringVar(&o.write, "write", "", "also write the results into this Markdown file, between its bench markers")
 	flag.Parse()
 	o.stores = strings.Split(stores, ",")
+	for _, r := range strings.Split(*rates, ",") {
+		f, err := strconv.ParseFloat(r, 64)
+		if err != nil || f <= 0 || f > 1 {
+			fmt.Fprintf(os.Stderr, "bench: -rates: %q is not a fraction in (0, 1]\n", r)
+			os.Exit(2)
+		}
+		o.rates = append(o.rates, f)
+	}
 
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -134,20 +134,21 @@ func run(o options) error {
 		fmt.Fprintln(os.Stderr)
 	}
 	table := report(o, cases, results)
-	rate := o.rate
-	if rate == 0 {
-		var plain []float64
-		for _, s := range results["plain"] {
-			plain = append(plain, s.rps)
-		}
-		rate = median(plain) / 2
+	var plain []float64
+	for _, s := range results["plain"] {
+		plain = append(plain, s.rps)
 	}
-	if o.latencyRounds > 0 {
+	var rate float64
+	for _, f := range o.rates {
+		rate = f * median(plain)
+		if o.latencyRounds == 0 {
+			continue
+		}
 		lat, err := latencyRounds(o, cases, rate, body)
 		if err != nil {
 			return err
 		}
-		table += "\n" + latencyReport(o, cases, rate, lat)
+		table += "\n" + latencyReport(o, cases, f, rate, lat)
 	}
 	if len(liveStores(o)) > 0 {
 		scale, err := scalePhase(o, dir, env, ports, rate, body)
