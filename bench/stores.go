@@ -35,7 +35,7 @@ const cachedSuffix = "+cache"
 // directive returns the idempotency directive of a site. The benchmark is
 // one client, so the memory store's per-client bound is lifted.
 func (e *storeEnv) directive(site string) string {
-	const ttl = "\t\tttl 10m\n"
+	const ttl = "\t\tttl 24h\n" // replay keys outlive the whole run
 	db, table := 0, e.pgTable
 	if base, ok := strings.CutSuffix(site, liveSuffix); ok {
 		site, db, table = base, liveRedisDB, e.liveTable()
