@@ -8,13 +8,15 @@
 #                or the servers named by IDEMPOTENCY_REDIS_URL and
 #                IDEMPOTENCY_POSTGRES_DSN. Nothing of the system's is configured.
 #   make check   gofmt, go vet, go mod tidy -diff and staticcheck
-#   make bench   the load benchmark (see docs/performance.md);
-#                BENCH_FLAGS="-write docs/performance.md" records the result
+#   make bench   the load benchmark (see docs/performance.md; needs wrk, about
+#                30 minutes); BENCH_FLAGS="-write docs/performance.md" records
+#                the result
 #   make soak    the chaos soak (not part of make test; a few minutes): Caddy
 #                instances, a persistent Redis and a PostgreSQL of its own, retrying
 #                clients and a seeded nemesis; ends with "N anomalies" and fails on
 #                any. SOAK_FLAGS="-seed 42" replays a run (go run ./soak -h). Then a
-#                long run of the randomized test (internal/model), MODEL_FLAGS.
+#                longer run of the randomized test (internal/model; about 4
+#                minutes), MODEL_FLAGS.
 #   make fuzz    longer fuzzing runs of every fuzz target (FUZZTIME each, default 1m)
 #                A duration budget can end in a spurious "context deadline exceeded"
 #                on Go 1.26 (golang/go#75804); make test therefore uses fuzz-short,
@@ -110,10 +112,15 @@ bench: testservers
 
 SOAK_FLAGS ?=
 
+# The randomized test's run after the soak: 4 trials of 20 steps on each of
+# the six stores and settings, with -model.long's clients that stop reading.
+# Those steps take the time (20 s each, about one step in 40, drawn): about
+# 4 minutes on two cores, under one for seeds that draw none, up to about 8.
+# A failing trial is shrunk, which re-runs it and takes longer.
+MODEL_FLAGS ?= -model.trials 4 -model.steps 20 -model.long
+
 # The soak starts its own servers (a persistent Redis it restarts), and
 # runs the xcaddy-built binary.
-MODEL_FLAGS ?= -model.trials 12 -model.steps 30 -model.long
-
 soak: build testservers
 	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak $(SOAK_FLAGS)
 	$(WITH_SERVERS) $(GO) test -count=1 -timeout 60m ./internal/model/ -run '^TestModel$$' $(MODEL_FLAGS)
