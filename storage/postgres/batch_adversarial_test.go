@@ -179,18 +179,26 @@ func TestAdversarialBatchSameKeyMixedFingerprints(t *testing.T) {
 	}
 }
 
+// batchHeldOnARow returns a store whose next batch will wait for the row
+// of adv/zz-held until hold is called, and a lone reserve blocked in
+// front of it: the reserves queued before release go out as one batch.
+func batchHeldOnARow(t *testing.T) (dsn string, s *postgres.Store, hold, release func(), blocked func() error) {
+	t.Helper()
+	dsn = pgtest.Require(t)
+	s = newStore(t, postgres.Options{})
+	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour)
+	hold = holdKey(t, dsn, s.Table(), "adv", "zz-held")
+	release, blocked = blockedReserve(t, s, dsn)
+	return dsn, s, hold, release, blocked
+}
+
 // TestAdversarialBatchMemberCancelledInFlight: of a batch held on a row
 // lock, one member's caller gives up. It returns at once, with a token
 // (its outcome is unknown); the batch runs on for the others, which get
 // their own answers; and the reservation it committed for the member that
 // left is the token's, so the caller can release it: the key is not stuck.
 func TestAdversarialBatchMemberCancelledInFlight(t *testing.T) {
-	dsn := pgtest.Require(t)
-	s := newStore(t, postgres.Options{})
-	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour)
-	hold := holdKey(t, dsn, s.Table(), "adv", "zz-held")
-
-	release, blocked := blockedReserve(t, s, dsn)
+	dsn, s, hold, release, blocked := batchHeldOnARow(t)
 	ctxA, cancelA := context.WithCancel(t.Context())
 	defer cancelA()
 	keyA := storage.Key{Scope: "adv", ID: "a"}
@@ -241,12 +249,7 @@ func TestAdversarialBatchMemberCancelledInFlight(t *testing.T) {
 // it had inserted before waiting is absent); the batcher then serves new
 // requests, and its goroutine is gone.
 func TestAdversarialBatchAllMembersLeaveCancelsIt(t *testing.T) {
-	dsn := pgtest.Require(t)
-	s := newStore(t, postgres.Options{})
-	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour)
-	hold := holdKey(t, dsn, s.Table(), "adv", "zz-held")
-
-	release, blocked := blockedReserve(t, s, dsn)
+	dsn, s, hold, release, blocked := batchHeldOnARow(t)
 	ctxA, cancelA := context.WithCancel(t.Context())
 	defer cancelA()
 	ctxB, cancelB := context.WithCancel(t.Context())
