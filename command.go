@@ -20,7 +20,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "idempotency",
-		Usage: "hash|schema|get|delete [flags]",
+		Usage: "hash|schema|get|delete|list [flags]",
 		Short: "Hashes idempotency keys, prints the PostgreSQL schema, shows and deletes records",
 		Long: `
 Tools for the idempotency handler (http.handlers.idempotency).
@@ -180,8 +180,11 @@ func recordQuery(cmd *cobra.Command) (url.Values, error) {
 		q.Set("store", store)
 	}
 	if kh, _ := f.GetString("key-hash"); kh != "" {
-		if id, _ := f.GetString("key"); id != "" {
-			return nil, fmt.Errorf("give --key-hash alone, or --key with --scope or --scope-hash")
+		// As the admin API refuses key_hash with any of these.
+		for _, other := range []string{"key", "scope", "scope-template", "scope-hash"} {
+			if f.Changed(other) {
+				return nil, fmt.Errorf("give --key-hash alone, or --key with --scope or --scope-hash")
+			}
 		}
 		q.Set("key_hash", kh)
 		return q, nil

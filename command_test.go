@@ -114,3 +114,26 @@ func TestSchemaCommandMakesATableAStoreWorksOn(t *testing.T) {
 		t.Fatalf("schema for an invalid table name: %q, want an error", out)
 	}
 }
+
+// TestRecordCommandsRefuseKeyHashWithAScope: --key-hash names the record
+// alone; a scope beside it is refused, as the admin API refuses it,
+// rather than dropped without a word.
+func TestRecordCommandsRefuseKeyHashWithAScope(t *testing.T) {
+	kh := strings.Repeat("0", 16)
+	for _, extra := range [][]string{
+		{"--key", "k"},
+		{"--scope", "example.com"},
+		{"--scope-template", "{http.request.host}"},
+		{"--scope-hash", strings.Repeat("0", 64)},
+	} {
+		for _, verb := range []string{"get", "delete"} {
+			// An address nothing listens on: the command must fail before
+			// it asks.
+			args := append([]string{"--key-hash", kh, "--address", "127.0.0.1:1"}, extra...)
+			out, err := runCommand(t, recordCommand(verb), args...)
+			if err == nil || !strings.Contains(err.Error(), "--key-hash alone") {
+				t.Errorf("%s %q: %q %v, want --key-hash refused with %s", verb, args, out, err, extra[0])
+			}
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/fileserver"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 )
 
@@ -114,6 +116,7 @@ type misplaced struct {
 // ("" for none).
 func misplacedHandlers(routes caddyhttp.RouteList, path string, hosts []string, answeredBy string) []misplaced {
 	var out []misplaced
+	groups := map[string]bool{}
 	for i, rt := range routes {
 		routeHosts := append(slices.Clip(hosts), hostsOf(rt.MatcherSets)...)
 		before := answeredBy // what answers ahead of this route's handlers
@@ -136,9 +139,13 @@ func misplacedHandlers(routes caddyhttp.RouteList, path string, hosts []string, 
 			}
 		}
 		// A route that matches every request and answers it hides the
-		// routes after it in the list.
-		if answeredBy == "" && len(rt.MatcherSets) == 0 && before != "" {
+		// routes after it in the list, unless it is in a group an earlier
+		// route of the list belongs to: that one may run instead.
+		if answeredBy == "" && len(rt.MatcherSets) == 0 && !groups[rt.Group] && before != "" {
 			answeredBy = before
+		}
+		if rt.Group != "" {
+			groups[rt.Group] = true
 		}
 	}
 	return out
@@ -147,8 +154,18 @@ func misplacedHandlers(routes caddyhttp.RouteList, path string, hosts []string, 
 // answersAll names the terminal handler that answers every request a
 // route list gets, "" when some request may pass through it.
 func answersAll(routes caddyhttp.RouteList) string {
+	groups := map[string]bool{}
 	for _, rt := range routes {
+		skippable := groups[rt.Group] // an earlier route of its group may run instead
+		if rt.Group != "" {
+			groups[rt.Group] = true
+		}
 		if len(rt.MatcherSets) > 0 {
+			// Its requests may be answered, or (terminal) end, in it;
+			// either way none of them reaches the next handler through it.
+			continue
+		}
+		if skippable {
 			continue
 		}
 		for _, h := range rt.Handlers {
@@ -177,6 +194,18 @@ var terminalHandlers = map[string]bool{
 }
 
 func terminal(h caddyhttp.MiddlewareHandler) bool {
+	switch h := h.(type) {
+	case *reverseproxy.Handler:
+		// handle_response routes may call the next handler (forward_auth
+		// does for a 2xx answer).
+		if len(h.HandleResponse) > 0 {
+			return false
+		}
+	case *fileserver.FileServer:
+		if h.PassThru {
+			return false // a file not found goes on to the next handler
+		}
+	}
 	m, ok := h.(caddy.Module)
 	return ok && terminalHandlers[string(m.CaddyModule().ID)]
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/fileserver"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -20,6 +21,11 @@ func TestMisplacedHandlersAreFound(t *testing.T) {
 	}
 	sub := func(routes ...caddyhttp.Route) caddyhttp.MiddlewareHandler {
 		return &caddyhttp.Subroute{Routes: routes}
+	}
+	grouped := func(r caddyhttp.Route) caddyhttp.Route { r.Group = "g"; return r }
+	terminalRoute := func(r caddyhttp.Route) caddyhttp.Route { r.Terminal = true; return r }
+	forwardAuth := func() caddyhttp.MiddlewareHandler {
+		return &reverseproxy.Handler{HandleResponse: []caddyhttp.ResponseHandler{{Routes: caddyhttp.RouteList{{}}}}}
 	}
 	site := func(routes ...caddyhttp.Route) caddyhttp.RouteList {
 		return caddyhttp.RouteList{{
@@ -41,6 +47,16 @@ func TestMisplacedHandlersAreFound(t *testing.T) {
 		{"correct order", site(route(idem()), route(proxy())), "", ""},
 		{"after a matched respond", site(matched(respond()), route(idem()), route(proxy())), "", ""},
 		{"nested correctly", site(route(sub(route(idem()), route(proxy())))), "", ""},
+		// Handlers that may call the next one, and routes that may not run.
+		{"after forward_auth (handle_response)", site(route(forwardAuth(), idem()), route(proxy())), "", ""},
+		{"after file_server pass_thru", site(route(&fileserver.FileServer{PassThru: true}, idem(), proxy())), "", ""},
+		{"after file_server", site(route(&fileserver.FileServer{}, idem(), proxy())), "routes[0].handle[0].routes[0].handle[1]", "file_server"},
+		{"after the fallback of a group", site(grouped(matched(respond())), grouped(route(respond())), route(idem()), route(proxy())), "", ""},
+		{"after the first of a group", site(grouped(route(respond())), grouped(matched(respond())), route(idem())), "routes[0].handle[0].routes[2].handle[0]", "static_response"},
+		{"after a subroute whose fallback is grouped", site(route(sub(grouped(matched(sub())), grouped(route(respond()))), idem(), proxy())), "", ""},
+		// A terminal route's requests end in it (Caddy's emptyHandler),
+		// the others are answered by respond: none reaches idempotency.
+		{"after a subroute with a terminal matched route", site(route(sub(terminalRoute(matched(sub())), route(respond())), idem(), proxy())), "routes[0].handle[0].routes[0].handle[1]", "static_response"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			found := misplacedHandlers(tt.routes, "routes", nil, "")

@@ -140,10 +140,53 @@ func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]st
 	if limit <= 0 {
 		return nil, nil
 	}
+	hashOf := func(name string) string { return name[len(s.prefix) : len(s.prefix)+storage.HashLen] }
+	// A name the scan found may no longer be a record in flight when it is
+	// read (released, or a lease that lapsed but whose key Redis keeps a
+	// while): a short page would read as the last one, so the page is
+	// filled from the names after it.
+	var out []storage.HashedRecord
+	for len(out) < limit {
+		want := limit - len(out)
+		names, err := s.inFlightNames(ctx, after, want)
+		if err != nil {
+			return nil, err
+		}
+		for _, name := range names {
+			rec, err := s.getName(ctx, name, false)
+			switch {
+			case errors.Is(err, storage.ErrNotFound):
+				// Released, deleted or lapsed since the scan; one completed
+				// since is left out below.
+			case err != nil:
+				return nil, err
+			case rec.State == storage.InFlight:
+				out = append(out, storage.HashedRecord{KeyHash: hashOf(name), Record: rec})
+			}
+		}
+		if len(names) < want {
+			break // no more names after these
+		}
+		after = hashOf(names[len(names)-1])
+	}
+	return out, nil
+}
+
+// inFlightNames returns the names of up to limit records holding a lease
+// token whose key hash sorts after after, in that order.
+func (s *Store) inFlightNames(ctx context.Context, after string, limit int) ([]string, error) {
 	pattern := escapeGlob(s.prefix) + "*"
 	var mu sync.Mutex
 	var names []string // the page so far, by key hash
 	hashOf := func(name string) string { return name[len(s.prefix) : len(s.prefix)+storage.HashLen] }
+	// sameHash counts the names at the start of ns whose key hash is kh.
+	sameHash := func(ns []string, kh string) int {
+		n := 0
+		for n < len(ns) && hashOf(ns[n]) == kh {
+			n++
+		}
+		return n
+	}
 	keep := func(batch []string) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -153,6 +196,9 @@ func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]st
 				continue
 			}
 			at, _ := slices.BinarySearchFunc(names, kh, func(n, kh string) int { return strings.Compare(hashOf(n), kh) })
+			if dup := at < len(names) && slices.Contains(names[at:at+sameHash(names[at:], kh)], name); dup {
+				continue // SCAN may return a name more than once
+			}
 			names = slices.Insert(names, at, name)
 			if len(names) > limit {
 				names = names[:limit]
@@ -197,18 +243,5 @@ func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]st
 	if err := s.scanPrimaries(ctx, scan); err != nil {
 		return nil, err
 	}
-	out := make([]storage.HashedRecord, 0, len(names))
-	for _, name := range names {
-		rec, err := s.getName(ctx, name, false)
-		switch {
-		case errors.Is(err, storage.ErrNotFound):
-			// Released, deleted or lapsed since the scan; one completed
-			// since is left out below.
-		case err != nil:
-			return nil, err
-		case rec.State == storage.InFlight:
-			out = append(out, storage.HashedRecord{KeyHash: hashOf(name), Record: rec})
-		}
-	}
-	return out, nil
+	return names, nil
 }
