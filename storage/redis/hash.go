@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -140,7 +139,6 @@ func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]st
 	if limit <= 0 {
 		return nil, nil
 	}
-	hashOf := func(name string) string { return name[len(s.prefix) : len(s.prefix)+storage.HashLen] }
 	// A name the scan found may no longer be a record in flight when it is
 	// read (released, or a lease that lapsed but whose key Redis keeps a
 	// while): a short page would read as the last one, so the page is
@@ -161,13 +159,13 @@ func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]st
 			case err != nil:
 				return nil, err
 			case rec.State == storage.InFlight:
-				out = append(out, storage.HashedRecord{KeyHash: hashOf(name), Record: rec})
+				out = append(out, storage.HashedRecord{KeyHash: s.hashOf(name), Record: rec})
 			}
 		}
 		if len(names) < want {
 			break // no more names after these
 		}
-		after = hashOf(names[len(names)-1])
+		after = s.hashOf(names[len(names)-1])
 	}
 	return out, nil
 }
@@ -177,26 +175,18 @@ func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]st
 func (s *Store) inFlightNames(ctx context.Context, after string, limit int) ([]string, error) {
 	pattern := escapeGlob(s.prefix) + "*"
 	var mu sync.Mutex
-	var names []string // the page so far, by key hash
-	hashOf := func(name string) string { return name[len(s.prefix) : len(s.prefix)+storage.HashLen] }
-	// sameHash counts the names at the start of ns whose key hash is kh.
-	sameHash := func(ns []string, kh string) int {
-		n := 0
-		for n < len(ns) && hashOf(ns[n]) == kh {
-			n++
-		}
-		return n
-	}
+	// The page so far, sorted by name: the key hash is the first half of
+	// the hex after the prefix, so that is also by key hash.
+	var names []string
 	keep := func(batch []string) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, name := range batch {
-			kh := hashOf(name)
-			if len(names) == limit && kh >= hashOf(names[limit-1]) {
+			if len(names) == limit && s.hashOf(name) >= s.hashOf(names[limit-1]) {
 				continue
 			}
-			at, _ := slices.BinarySearchFunc(names, kh, func(n, kh string) int { return strings.Compare(hashOf(n), kh) })
-			if dup := at < len(names) && slices.Contains(names[at:at+sameHash(names[at:], kh)], name); dup {
+			at, found := slices.BinarySearch(names, name)
+			if found {
 				continue // SCAN may return a name more than once
 			}
 			names = slices.Insert(names, at, name)
@@ -216,7 +206,7 @@ func (s *Store) inFlightNames(ctx context.Context, after string, limit int) ([]s
 				// A record's name is the prefix and 32 hex digits (keyName);
 				// anything else under the prefix (a waiter's channel is not
 				// a key) is not one.
-				return len(name) != len(s.prefix)+32 || !isHex(name[len(s.prefix):]) || hashOf(name) <= after
+				return len(name) != len(s.prefix)+32 || !isHex(name[len(s.prefix):]) || s.hashOf(name) <= after
 			})
 			if len(batch) > 0 {
 				pipe := c.Pipeline()
@@ -244,4 +234,10 @@ func (s *Store) inFlightNames(ctx context.Context, after string, limit int) ([]s
 		return nil, err
 	}
 	return names, nil
+}
+
+// hashOf returns the key hash of a record's name: the hex after the
+// prefix begins with it.
+func (s *Store) hashOf(name string) string {
+	return name[len(s.prefix) : len(s.prefix)+storage.HashLen]
 }
