@@ -38,6 +38,12 @@ func blockedReserve(t *testing.T, s *postgres.Store, dsn string) (release func()
 	}()
 	// The reserve is out once the server shows it waiting for the lock.
 	pgtest.WaitForLockWait(t, dsn, s.Table())
+	return heldBy(ctx, tx, conn, done)
+}
+
+// heldBy returns what ends tx, letting the statement it holds go on, and
+// what waits for that statement's result on done.
+func heldBy(ctx context.Context, tx pgx.Tx, conn *pgx.Conn, done <-chan error) (release func(), wait func() error) {
 	return func() {
 			tx.Rollback(ctx)
 			conn.Close(ctx)
@@ -185,10 +191,5 @@ func blockedComplete(t *testing.T, s *postgres.Store, dsn string) (release func(
 	done := make(chan error, 1)
 	go func() { done <- s.Complete(ctx, key, tok, &storage.Response{Status: 201}, time.Hour) }()
 	pgtest.WaitForLockWait(t, dsn, s.Table())
-	return func() {
-			tx.Rollback(ctx)
-			conn.Close(ctx)
-		}, func() error {
-			return <-done
-		}
+	return heldBy(ctx, tx, conn, done)
 }
