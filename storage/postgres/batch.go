@@ -158,8 +158,11 @@ func (b *batcher) drain() {
 				deadline = it.deadline
 			}
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		if !deadline.IsZero() {
+		var ctx context.Context
+		var cancel context.CancelFunc
+		if deadline.IsZero() {
+			ctx, cancel = context.WithCancel(context.Background())
+		} else {
 			ctx, cancel = context.WithDeadline(context.Background(), deadline)
 		}
 		sent := &sentBatch{cancel: cancel}
