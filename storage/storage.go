@@ -54,14 +54,23 @@ var (
 	// cannot take (a response with a status outside 200-999, a key longer
 	// than the store can index): the caller's mistake, never retried.
 	ErrInvalid = errors.New("invalid idempotency store call")
+
+	// ErrBusy is wrapped by the errors of calls that found the key's
+	// record locked by someone else (a PostgreSQL row held by another
+	// transaction: an operator's open BEGIN, a client's own retry) for
+	// longer than the store waits for a lock. The call changed nothing and
+	// may be made again; the store answered, so it is not unavailable,
+	// and other keys are not affected.
+	ErrBusy = errors.New("idempotency record is locked by another transaction")
 )
 
 // Unavailable reports whether err means that the store could not be
 // reached or did not answer in time: it wraps ErrUnavailable, or (for
 // stores that do not classify their errors) it is a deadline or a network
-// error. Errors that wrap ErrCorrupt or ErrInvalid are never unavailable.
+// error. Errors that wrap ErrCorrupt, ErrInvalid or ErrBusy are never
+// unavailable.
 func Unavailable(err error) bool {
-	if err == nil || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrInvalid) {
+	if err == nil || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrBusy) {
 		return false
 	}
 	var ne net.Error
@@ -285,6 +294,36 @@ type Store interface {
 
 	// Close releases the store's resources.
 	Close() error
+}
+
+// Renewal is one lease for BatchRenewer.RenewBatch to renew, and what
+// became of it.
+type Renewal struct {
+	Key   Key
+	Token Token
+	// Lease is how long from now the lease lasts once renewed (positive).
+	Lease time.Duration
+	// Err is set by RenewBatch, as Renew would answer for this lease
+	// alone: nil when it was renewed, ErrLeaseLost when the token no
+	// longer names the lease, an error wrapping ErrBusy when its record
+	// was locked (renew it again later), another error when the store
+	// could not say.
+	Err error
+}
+
+// BatchRenewer is implemented by stores that renew many leases at once, in
+// one round trip per server node whatever their number, so that the cost
+// of keeping the leases of running requests alive does not grow with the
+// requests. Renewals take a path of their own to the server (connections
+// that reservations and completions do not use), so that they never wait
+// behind them, and a renewal that lands late is harmless: only a takeover
+// fences a lease, and it replaces the token.
+type BatchRenewer interface {
+	// RenewBatch renews every lease of batch and sets each one's Err. It
+	// returns the error of the batch as a whole (the store could not be
+	// reached, ctx ended), and then every Err is that error too; nil when
+	// the store answered for each lease.
+	RenewBatch(ctx context.Context, batch []Renewal) error
 }
 
 // Pinger is implemented by stores that reach a server: Ping checks that it

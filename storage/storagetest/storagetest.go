@@ -74,9 +74,10 @@ var suite = []subtest{
 // Run runs the conformance suite against store. The subtests run in
 // parallel (most of their time is spent sleeping through leases and TTLs)
 // inside one group, so Run returns only when all of them are done and the
-// caller may close store right after. The storage.Waiter contract
-// (waiter.go) runs only when store implements storage.Waiter; see
-// WaitProbe for what makes those tests exact.
+// caller may close store right after. The storage.BatchRenewer contract
+// (renewbatch.go) runs only when store implements it, and the
+// storage.Waiter contract (waiter.go) only when store implements
+// storage.Waiter; see WaitProbe for what makes those tests exact.
 func Run(t *testing.T, store storage.Store) {
 	t.Run("Conformance", func(t *testing.T) {
 		for _, st := range suite {
@@ -84,6 +85,14 @@ func Run(t *testing.T, store storage.Store) {
 				t.Parallel()
 				st.fn(newFixture(t, store))
 			})
+		}
+		if b, ok := store.(storage.BatchRenewer); ok {
+			for _, st := range batchRenewerSuite {
+				t.Run(st.name, func(t *testing.T) {
+					t.Parallel()
+					st.fn(newFixture(t, store), b)
+				})
+			}
 		}
 		w, ok := store.(storage.Waiter)
 		if !ok {
