@@ -2,6 +2,7 @@ package caddyproc
 
 import (
 	"errors"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -22,6 +23,10 @@ import (
 // are held, not lost, and go through once Unstall is called, even when
 // their sender has closed its connection since: like segments that TCP
 // retransmits once the network heals.
+//
+// With a latency set, every byte is delivered that long after it arrived
+// (plus a random jitter), in order, both ways: a store a network hop away
+// (SetLatency).
 type Proxy struct {
 	// Addr is the host:port clients connect to.
 	Addr   string
@@ -35,6 +40,29 @@ type Proxy struct {
 	// gate is open (nil) while bytes flow; while stalled it is a channel
 	// that Unstall closes.
 	gate chan struct{}
+	// delay and jitter are the one-way latency (see SetLatency).
+	delay, jitter time.Duration
+}
+
+// SetLatency delays every byte by oneWay plus a random share of jitter,
+// each way, from now on (zero: none): a round trip through the proxy
+// takes 2*oneWay more. Bytes keep their order, so a chunk drawn a shorter
+// delay than the one before it waits for that one.
+func (p *Proxy) SetLatency(oneWay, jitter time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay, p.jitter = oneWay, jitter
+}
+
+// latency draws the delay of a chunk that arrives now.
+func (p *Proxy) latency() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := p.delay
+	if p.jitter > 0 {
+		d += rand.N(p.jitter)
+	}
+	return d
 }
 
 // NewProxy starts a proxy on a free loopback port that forwards to target.
@@ -107,18 +135,45 @@ func (p *Proxy) forward(ln net.Listener, c net.Conn) {
 }
 
 // pipe copies from src to dst until either fails, holding what it read
-// while the proxy is stalled.
+// while the proxy is stalled, and delaying it by the latency. A reader
+// stamps each chunk with when it is due and a writer delivers it then, so
+// that a slow link still carries as many bytes a second as a fast one.
 func (p *Proxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.waitFlowing()
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+	type chunk struct {
+		b   []byte
+		due time.Time
+	}
+	chunks := make(chan chunk, 1024)
+	go func() {
+		defer close(chunks)
+		var last time.Time
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				due := time.Now().Add(p.latency())
+				if due.Before(last) {
+					due = last // in order
+				}
+				last = due
+				chunks <- chunk{buf[:n], due}
+			}
+			if err != nil {
 				return
 			}
 		}
-		if err != nil {
+	}()
+	defer func() {
+		for range chunks { // let the reader end once dst failed
+		}
+	}()
+	for c := range chunks {
+		if d := time.Until(c.due); d > 0 {
+			time.Sleep(d)
+		}
+		p.waitFlowing()
+		if _, err := dst.Write(c.b); err != nil {
+			src.Close()
 			return
 		}
 	}
