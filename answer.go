@@ -70,6 +70,13 @@ func (h *Handler) storeErrorAnswer(err error) answer {
 		return answer{outcome: outcomeStoreError, act: actReject, problem: problemStoreFull,
 			detail: "too many requests are being tracked; retry later", retryAfter: storeFullRetryAfter,
 			level: zapcore.ErrorLevel, msg: "idempotency store is full; rejecting a new key"}
+	case errors.Is(err, storage.ErrBusy):
+		// Another transaction holds the key's record (an operator's open
+		// BEGIN, a retry's takeover): for this key, as good as a request
+		// in flight. The store answered, so fail_open never applies.
+		return answer{outcome: outcomeConflict, act: actReject, problem: problemConflict,
+			detail: "the record of this key is busy; retry later", retryAfter: conflictRetryAfter, err: err,
+			level: zapcore.WarnLevel, msg: "idempotency record locked by another transaction; answering 409"}
 	case h.onStorageError == failOpen && storage.Unavailable(err):
 		// Only a store that cannot be reached or is too slow is passed
 		// by: an error that proves it answered (a corrupt record, a

@@ -50,6 +50,8 @@ func situations() []situation {
 		{"store unreachable", false, storeErr(unavailable)},
 		{"store unreachable, fail_open", true, storeErr(unavailable)},
 		{"store answered with an error, fail_open", true, storeErr(fmt.Errorf("decode: %w", storage.ErrCorrupt))},
+		{"record locked by another transaction", false, storeErr(fmt.Errorf("lock: %w", storage.ErrBusy))},
+		{"record locked by another transaction, fail_open", true, storeErr(fmt.Errorf("lock: %w", storage.ErrBusy))},
 		{"new key", false, reserved(storage.Acquired, outcomeReplayed)},
 		{"completed key", false, reserved(storage.Replay, outcomeReplayed)},
 		{"completed key after a wait", false, reserved(storage.Replay, outcomeWaited)},

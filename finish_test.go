@@ -87,6 +87,9 @@ type goneClient struct{ *httptest.ResponseRecorder }
 
 func (goneClient) Write([]byte) (int, error) { return 0, errors.New("write: broken pipe") }
 
+// A client that hung up changes nothing for the upstream or the record;
+// its own answer, cut short, is aborted (panic(http.ErrAbortHandler): net/http
+// closes the connection, resets the stream) rather than ended as if whole.
 func TestClientHangUpNeverStopsTheHandler(t *testing.T) {
 	for _, size := range []int{100, 64 << 10} { // within and over max_response_size
 		h := isolated(t, &Handler{MaxResponseSize: 1024})
@@ -100,7 +103,9 @@ func TestClientHangUpNeverStopsTheHandler(t *testing.T) {
 			return writeErr
 		}}
 		w := goneClient{httptest.NewRecorder()}
-		serveTo(h, up, w, request("k", "{}"))
+		if panicked := serveAborting(h, up, w, request("k", "{}")); panicked != http.ErrAbortHandler {
+			t.Fatalf("%d bytes: the handler ended with %v, want the abort of a response cut short", size, panicked)
+		}
 		if writeErr != nil {
 			t.Fatalf("%d bytes: the handler saw the client's error: %v", size, writeErr)
 		}

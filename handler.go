@@ -211,6 +211,12 @@ func (x *exchange) execute(token storage.Token) error {
 		h.warnNothingAfter()
 	}
 	h.finish(withLease(r.Context(), l), k.key, token, rec, detail, failure)
+	if rec.cutShort() {
+		// The record is settled, but the client did not get the whole
+		// answer: abort its side rather than end it cleanly (see
+		// recorder.cutShort).
+		panic(http.ErrAbortHandler)
+	}
 	return err
 }
 
@@ -279,7 +285,11 @@ func (x *exchange) replay(rec *storage.Record, how outcome) error {
 	}
 	w.WriteHeader(resp.Status)
 	if r.Method != http.MethodHead && len(resp.Body) > 0 {
-		_, _ = w.Write(resp.Body) // a client gone mid-replay loses nothing
+		if _, err := w.Write(resp.Body); err != nil {
+			// A client gone mid-replay loses nothing, but must not take
+			// what it got for the whole answer.
+			panic(http.ErrAbortHandler)
+		}
 	}
 	if !resp.BodyOmitted {
 		for _, name := range trailers {

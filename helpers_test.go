@@ -99,6 +99,15 @@ func serve(h *Handler, next caddyhttp.Handler, r *http.Request) *httptest.Respon
 	return w
 }
 
+// serveAborting runs serveTo for a client that does not get the whole
+// answer, and returns what the handler panicked with: http.ErrAbortHandler
+// when it aborts the client's side, as it must.
+func serveAborting(h *Handler, next caddyhttp.Handler, w http.ResponseWriter, r *http.Request) (panicked any) {
+	defer func() { panicked = recover() }()
+	serveTo(h, next, w, r)
+	return nil
+}
+
 func serveTo(h *Handler, next caddyhttp.Handler, w http.ResponseWriter, r *http.Request) error {
 	repl := caddy.NewReplacer()
 	r = caddyhttp.PrepareRequest(r, repl, w, nil)

@@ -218,10 +218,11 @@ func (k *keeper) await(ctx context.Context, key storage.Key, fp []byte, res stor
 	return res, nil
 }
 
-// holdLease starts renewing the lease of a request that owns key; the
-// lease is stopped once the write that settles the record is done.
+// holdLease starts renewing the lease of a request that owns key, with
+// every other lease on the store (renewer.go); the lease is stopped once
+// the write that settles the record is done.
 func (k *keeper) holdLease(key storage.Key, token storage.Token) *lease {
-	return holdLease(k, k.logger, key, token, k.lockTimeout)
+	return renewerFor(k).hold(key, token, k.lockTimeout)
 }
 
 // complete records resp as the answer for key; if the store fails, it
@@ -271,11 +272,12 @@ func (k *keeper) release(ctx context.Context, key storage.Key, token storage.Tok
 }
 
 // abandon removes, once the store answers again, the reservation that a
-// failed Reserve may have written after all (its outcome is unknown), so
+// failed Reserve may have written after all (its outcome is unknown; a
+// store that was full or busy wrote nothing), so
 // that the retry the client was invited to make is not met by a 409 for
 // a whole lease.
 func (k *keeper) abandon(key storage.Key, token storage.Token, err error) {
-	if token == 0 || errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrScopeFull) {
+	if token == 0 || errors.Is(err, storage.ErrFull) || errors.Is(err, storage.ErrScopeFull) || errors.Is(err, storage.ErrBusy) {
 		return
 	}
 	k.aftercare.add(&chore{kind: choreAbandon, key: key, token: token, until: time.Now().Add(k.lockTimeout)})

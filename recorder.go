@@ -13,12 +13,20 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// clientStallTimeout is how long a write to a client that takes none of
-// the answer may block before the client counts as gone. The record is
-// written once the answer has ended, and retries meanwhile get 409: a
-// client that stops reading must not hold its key for as long as its
-// connection lives.
+// clientStallTimeout is how long a client may take no byte of the answer
+// before it counts as gone. The record is written once the answer has
+// ended, and retries meanwhile get 409: a client that stops reading must
+// not hold its key for as long as its connection lives. A client that
+// reads slowly is not gone: the judge is progress (a piece of
+// progressPiece bytes taken), not how long one write of the next handler
+// takes, so that a phone reading at 1 KB/s gets its whole answer.
 var clientStallTimeout = 10 * time.Second // a variable for the tests
+
+// progressPiece is how much of a write goes to the client at a time: each
+// piece taken is progress. Small enough that a client reading at 1 KB/s
+// takes one in a few seconds, large enough that a fast one pays nothing
+// for it (writes go through the connection's buffers anyway).
+const progressPiece = 4 << 10
 
 // recorder streams a response to the client while keeping a copy of it
 // for the store: the status, the changes the inner handlers made to the
@@ -46,8 +54,9 @@ type recorder struct {
 	announced   []string    // trailer names announced in the Trailer header
 	body        []byte
 	omitted     bool  // the body outgrew limit and is not kept
-	clientErr   error // the first error writing to the client
-	deadlined   bool  // a write deadline is set on the client's connection
+	clientErr   error     // the first error writing to the client
+	deadlined   bool      // a write deadline is set on the client's connection
+	armed       time.Time // when the write deadline was last moved (zero: never)
 	hijacked    bool
 }
 
@@ -96,24 +105,42 @@ func (rec *recorder) Write(p []byte) (int, error) {
 		return len(p), nil // nothing of an invalid response reaches anyone
 	}
 	rec.keep(p)
-	if rec.clientErr == nil {
+	for rest := p; len(rest) > 0 && rec.clientErr == nil; {
+		piece := rest[:min(len(rest), progressPiece)]
+		rest = rest[len(piece):]
 		rec.bound()
-		if _, err := rec.ResponseWriterWrapper.Write(p); err != nil {
+		if _, err := rec.ResponseWriterWrapper.Write(piece); err != nil {
 			rec.clientErr = err
 		}
 	}
 	return len(p), nil
 }
 
-// bound gives the next write to the client clientStallTimeout (enforce
-// mode only).
+// bound keeps the client's write deadline clientStallTimeout ahead of its
+// last progress (enforce mode only). Moving a deadline costs a message to
+// the connection's goroutine on HTTP/2, so it moves at most every tenth of
+// the timeout, and lies that much further ahead: a client is gone after
+// between 10 and 11 s without taking a byte.
 func (rec *recorder) bound() {
 	if rec.transparent {
 		return
 	}
-	err := http.NewResponseController(rec.ResponseWriterWrapper.ResponseWriter).SetWriteDeadline(time.Now().Add(clientStallTimeout))
+	now := time.Now()
+	if !rec.armed.IsZero() && now.Sub(rec.armed) < clientStallTimeout/10 {
+		return
+	}
+	rec.armed = now
+	err := http.NewResponseController(rec.ResponseWriterWrapper.ResponseWriter).SetWriteDeadline(now.Add(clientStallTimeout + clientStallTimeout/10))
 	rec.deadlined = rec.deadlined || err == nil
 }
+
+// cutShort reports whether the client was not given the whole answer: a
+// write to it failed or timed out. Its response must then be aborted
+// (panic(http.ErrAbortHandler) once the record is settled): HTTP/1.1
+// closes the connection without the final chunk, HTTP/2 resets the
+// stream, HTTP/3 cancels it, so that the client never takes what it got
+// for the whole answer.
+func (rec *recorder) cutShort() bool { return rec.clientErr != nil }
 
 // unbound clears the write deadline bound set, so that the connection's
 // next request starts without one.

@@ -76,8 +76,8 @@ func TestClientHangingUpDoesNotLoseTheResponse(t *testing.T) {
 		completed = true
 		return nil
 	}}
-	if err := serveTo(h, up, failingWriter{httptest.NewRecorder()}, request("k", "{}")); err != nil {
-		t.Fatalf("handler error: %v", err)
+	if panicked := serveAborting(h, up, failingWriter{httptest.NewRecorder()}, request("k", "{}")); panicked != http.ErrAbortHandler {
+		t.Fatalf("the handler ended with %v, want the abort of a response cut short", panicked)
 	}
 	if !completed {
 		t.Fatal("the upstream response was cut short when the client left")
