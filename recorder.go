@@ -53,7 +53,7 @@ type recorder struct {
 	header      http.Header // the stored headers, taken at the final WriteHeader
 	announced   []string    // trailer names announced in the Trailer header
 	body        []byte
-	omitted     bool  // the body outgrew limit and is not kept
+	omitted     bool      // the body outgrew limit and is not kept
 	clientErr   error     // the first error writing to the client
 	deadlined   bool      // a write deadline is set on the client's connection
 	armed       time.Time // when the write deadline was last moved (zero: never)
