@@ -11,16 +11,17 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/knobs"
 )
 
-// clientStallTimeout is how long a client may take no byte of the answer
-// before it counts as gone. The record is written once the answer has
-// ended, and retries meanwhile get 409: a client that stops reading must
-// not hold its key for as long as its connection lives. A client that
-// reads slowly is not gone: the judge is progress (a piece of
-// progressPiece bytes taken), not how long one write of the next handler
-// takes, so that a phone reading at 1 KB/s gets its whole answer.
-var clientStallTimeout = 10 * time.Second // a variable for the tests
+// A client that takes no byte of the answer for knobs.StallTimeout (10 s)
+// counts as gone. The record is written once the answer has ended, and
+// retries meanwhile get 409: a client that stops reading must not hold
+// its key for as long as its connection lives. A client that reads
+// slowly is not gone: the judge is progress (a piece of progressPiece
+// bytes taken), not how long one write of the next handler takes, so
+// that a phone reading at 1 KB/s gets its whole answer.
 
 // progressPiece is how much of a write goes to the client at a time: each
 // piece taken is progress. Small enough that a client reading at 1 KB/s
@@ -34,7 +35,7 @@ const progressPiece = 4 << 10
 //
 // Once the next handler has produced a response, that response is what
 // every retry will get, so the recorder never stops it: writes to a client
-// that has gone away (or stopped reading for clientStallTimeout) are
+// that has gone away (or taken nothing for knobs.StallTimeout) are
 // dropped, not reported, and a body too large to keep is still read to
 // its end. Flushing, deadlines and full duplex reach the client's writer
 // through Unwrap.
@@ -116,7 +117,7 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// bound keeps the client's write deadline clientStallTimeout ahead of its
+// bound keeps the client's write deadline knobs.StallTimeout ahead of its
 // last progress (enforce mode only). Moving a deadline costs a message to
 // the connection's goroutine on HTTP/2, so it moves at most every tenth of
 // the timeout, and lies that much further ahead: a client is gone after
@@ -125,12 +126,12 @@ func (rec *recorder) bound() {
 	if rec.transparent {
 		return
 	}
-	now := time.Now()
-	if !rec.armed.IsZero() && now.Sub(rec.armed) < clientStallTimeout/10 {
+	now, stall := time.Now(), knobs.StallTimeout()
+	if !rec.armed.IsZero() && now.Sub(rec.armed) < stall/10 {
 		return
 	}
 	rec.armed = now
-	err := http.NewResponseController(rec.ResponseWriterWrapper.ResponseWriter).SetWriteDeadline(now.Add(clientStallTimeout + clientStallTimeout/10))
+	err := http.NewResponseController(rec.ResponseWriterWrapper.ResponseWriter).SetWriteDeadline(now.Add(stall + stall/10))
 	rec.deadlined = rec.deadlined || err == nil
 }
 

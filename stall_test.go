@@ -10,17 +10,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/knobs"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // TestAClientThatStopsReadingDoesNotHoldItsKey: a client that reads the
 // status of a large answer and then nothing more counts as gone after
-// clientStallTimeout; the answer is read to its end and recorded, and
+// knobs.StallTimeout; the answer is read to its end and recorded, and
 // retries from other connections get it replayed (not 409 for as long as
 // the stalled connection lives).
 func TestAClientThatStopsReadingDoesNotHoldItsKey(t *testing.T) {
-	defer func(d time.Duration) { clientStallTimeout = d }(clientStallTimeout)
-	clientStallTimeout = 200 * time.Millisecond
+	defer knobs.ClientStallTimeout.Store(knobs.ClientStallTimeout.Load())
+	knobs.ClientStallTimeout.Store(int64(200 * time.Millisecond))
 	h := isolated(t, &Handler{})
 	big := strings.Repeat("x", 32<<20) // more than any socket buffers
 	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {

@@ -18,6 +18,11 @@ const (
 	HeaderIntent = "X-Model-Intent"
 	// HeaderDo tells the upstream (and the fault handler) how to behave.
 	HeaderDo = "X-Model-Do"
+	// HeaderPath b sends a request through the handlers of path b: the
+	// store through its second route, as on another Caddy instance.
+	HeaderPath = "X-Model-Path"
+	// HeaderSite fill sends a request to the fill site (Store.FillKeys).
+	HeaderSite = "X-Model-Site"
 )
 
 // Behaviour is what the upstream, and the fault handler in front of it,

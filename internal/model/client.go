@@ -3,9 +3,7 @@ package model
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -23,11 +21,21 @@ const (
 	// StopReading reads the status and headers, then reads nothing more
 	// for Attempt.Stall before closing.
 	StopReading
+	// SlowRead reads the whole answer at Attempt.Rate bytes a second,
+	// through small receive windows: a phone on a bad network.
+	SlowRead
+	// StallResume reads the status and headers, reads nothing for
+	// Attempt.Stall, then reads the rest: a phone that slept.
+	StallResume
 )
 
 func (m ClientMode) String() string {
-	return [...]string{"read-all", "hang-up", "stop-reading"}[m]
+	return [...]string{"read-all", "hang-up", "stop-reading", "slow-read", "stall-resume"}[m]
 }
+
+// reads reports whether a client in mode m reads the whole answer (at
+// once, slowly, or after a stall).
+func (m ClientMode) reads() bool { return m == ReadAll || m == SlowRead || m == StallResume }
 
 // Attempt is one request the model sends.
 type Attempt struct {
@@ -41,8 +49,16 @@ type Attempt struct {
 	Body    []byte
 	Chunked bool
 	Mode    ClientMode
-	Stall   time.Duration // StopReading
-	Do      Behaviour
+	Stall   time.Duration // StopReading, StallResume
+	Rate    int           // SlowRead: bytes a second
+	Proto   Proto
+	// Path b sends the attempt through the handlers of path b (see
+	// Config.JSON), Site fill to the fill site.
+	Path, Site string
+	Do         Behaviour
+	// Leases, in a scenario, is how long the upstream takes to answer, in
+	// leases of the handler (Do.Delay is set from it when it runs).
+	Leases float64
 }
 
 // Result is what the client got.
@@ -89,6 +105,12 @@ func (a *Attempt) wire() []byte {
 		fmt.Fprintf(&b, "%s: %s\r\n", kv[0], kv[1])
 	}
 	fmt.Fprintf(&b, "%s: %s\r\n%s: %s\r\n%s: %s\r\nConnection: close\r\n", HeaderReq, a.ID, HeaderIntent, a.Intent, HeaderDo, a.Do)
+	if a.Path != "" {
+		fmt.Fprintf(&b, "%s: %s\r\n", HeaderPath, a.Path)
+	}
+	if a.Site != "" {
+		fmt.Fprintf(&b, "%s: %s\r\n", HeaderSite, a.Site)
+	}
 	if a.Chunked {
 		b.WriteString("Transfer-Encoding: chunked\r\n\r\n")
 		for rest := a.Body; len(rest) > 0; {
@@ -119,6 +141,11 @@ func Send(addr string, a *Attempt, clock func() time.Time) *Result {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Minute))
+	if a.Mode == SlowRead || a.Mode == StallResume {
+		// A small receive buffer, so that the server's writes wait for
+		// this client as they would for a slow network.
+		_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	}
 	if _, err := c.Write(a.wire()); err != nil {
 		res.NoAnswer, res.Err = true, "write: "+err.Error()
 		return res
@@ -146,23 +173,12 @@ func Send(addr string, a *Attempt, clock func() time.Time) *Result {
 		res.Err = "stopped reading"
 		return res
 	}
-	body, err := io.ReadAll(resp.Body)
+	body, err := readBody(resp.Body, a)
 	res.Trailer = resp.Trailer
 	if err != nil {
 		res.BrokeOff, res.Err = true, "reading the body: "+err.Error()
 	}
-	if resp.Header.Get("Content-Encoding") == "gzip" && !res.BrokeOff {
-		if zr, zerr := gzip.NewReader(bytes.NewReader(body)); zerr == nil {
-			if dec, derr := io.ReadAll(zr); derr == nil {
-				body = dec
-			} else {
-				res.Err = "gunzip: " + derr.Error()
-			}
-		} else if len(body) > 0 {
-			res.Err = "gunzip: " + zerr.Error()
-		}
-	}
-	res.Body = body
+	res.Body = decoded(res, body)
 	return res
 }
 

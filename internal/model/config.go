@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 )
@@ -77,6 +78,18 @@ type Store struct {
 	Table           string // postgres
 	Timeout         time.Duration
 	ReplayCache     bool
+	MaxConns        int // postgres: the pool's size (0: the default)
+	// Via is where the handlers of path b (requests with X-Model-Path: b)
+	// reach the store: the URL or DSN of a second route to the same
+	// server, as another Caddy instance would have ("" when the store is
+	// in process). Path a uses URL or DSN.
+	Via string
+	// FillKeys, when not zero, adds the fill site (requests with
+	// X-Model-Site: fill): an idempotency handler of default options on a
+	// memory store of FillKeys records of its own (and FillBytes bytes,
+	// unique per run, so that each run's store is a fresh one).
+	FillKeys  int
+	FillBytes int64
 }
 
 // Layout is how the handlers sit in the route.
@@ -188,10 +201,11 @@ func durationString(d time.Duration) string {
 	return d.String()
 }
 
-// handlerJSON is the handler's JSON object.
-func (c *Config) handlerJSON(i int) map[string]any {
+// handlerJSON is the handler's JSON object, on the store as path (a or b)
+// reaches it.
+func (c *Config) handlerJSON(i int, path string) map[string]any {
 	p := c.Layout.Handlers[i]
-	m := map[string]any{"handler": "idempotency", "storage": c.storeJSON()}
+	m := map[string]any{"handler": "idempotency", "storage": c.storeJSON(path)}
 	if p.Observe {
 		m["mode"] = "observe"
 	}
@@ -267,9 +281,13 @@ func (c *Config) handlerJSON(i int) map[string]any {
 	return m
 }
 
-func (c *Config) storeJSON() map[string]any {
+func (c *Config) storeJSON(path string) map[string]any {
 	s := c.Store
 	m := map[string]any{"backend": s.Kind}
+	url, dsn := s.URL, s.DSN
+	if path == "b" && s.Via != "" {
+		url, dsn = s.Via, s.Via
+	}
 	switch s.Kind {
 	case "memory":
 		m["max_keys"] = s.MaxKeys
@@ -277,9 +295,12 @@ func (c *Config) storeJSON() map[string]any {
 			m["max_keys_per_scope"] = s.MaxKeysPerScope
 		}
 	case "redis":
-		m["url"], m["key_prefix"] = s.URL, s.Prefix
+		m["url"], m["key_prefix"] = url, s.Prefix
 	case "postgres":
-		m["dsn"], m["table"] = s.DSN, s.Table
+		m["dsn"], m["table"] = dsn, s.Table
+		if s.MaxConns != 0 {
+			m["max_conns"] = s.MaxConns
+		}
 	}
 	if s.Timeout != 0 {
 		m["timeout"] = durationString(s.Timeout)
@@ -293,9 +314,67 @@ func (c *Config) storeJSON() map[string]any {
 	return m
 }
 
-// JSON is the whole Caddy config of the trial, serving on port, proxying
-// to upstream.
-func (c *Config) JSON(port int, upstream string) []byte {
+// JSON is the whole Caddy config of the trial, serving on port (and, with
+// tls, HTTP/1.1, HTTP/2 and HTTP/3 with TLS on its port), proxying to
+// upstream. Requests with X-Model-Path: b take the handlers of path b
+// (the store through its second route), those with X-Model-Site: fill the
+// fill site; the others path a.
+func (c *Config) JSON(port int, upstream string, tls *TLSServer) []byte {
+	routes := []any{}
+	if c.Store.FillKeys > 0 {
+		routes = append(routes, map[string]any{
+			"match":    []any{map[string]any{"header": map[string]any{HeaderSite: []string{"fill"}}}},
+			"handle":   c.fillChain(upstream),
+			"terminal": true,
+		})
+	}
+	routes = append(routes,
+		map[string]any{
+			"match":    []any{map[string]any{"header": map[string]any{HeaderPath: []string{"b"}}}},
+			"handle":   c.chain(upstream, "b"),
+			"terminal": true,
+		},
+		map[string]any{"handle": c.chain(upstream, "a")})
+	server := func(listen string) map[string]any {
+		return map[string]any{
+			"listen":           []string{listen},
+			"automatic_https":  map[string]any{"disable": true},
+			"routes":           routes,
+			"read_timeout":     "30s",
+			"idle_timeout":     "30s",
+			"max_header_bytes": 1 << 20,
+		}
+	}
+	plain := server(fmt.Sprintf("127.0.0.1:%d", port))
+	plain["protocols"] = []string{"h1", "h2c"}
+	servers := map[string]any{"model": plain}
+	apps := map[string]any{"http": map[string]any{"servers": servers}}
+	if tls != nil {
+		secure := server(fmt.Sprintf("127.0.0.1:%d", tls.Port))
+		secure["protocols"] = []string{"h1", "h2", "h3"}
+		secure["tls_connection_policies"] = []any{map[string]any{}}
+		servers["model_tls"] = secure
+		apps["tls"] = map[string]any{
+			"certificates": map[string]any{"load_files": []any{map[string]any{"certificate": tls.CertFile, "key": tls.KeyFile}}},
+		}
+	}
+	cfg := map[string]any{
+		"admin": map[string]any{"disabled": true, "config": map[string]any{"persist": false}},
+		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{
+			"writer": map[string]any{"output": "model"}, "level": "ERROR",
+		}}},
+		"apps": apps,
+	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// chain is the handlers of a path: the outer handlers, the idempotency
+// handlers as the layout nests them, and the upstream.
+func (c *Config) chain(upstream, path string) []any {
 	l := c.Layout
 	var tail []any
 	if l.InnerDeleteServer {
@@ -309,13 +388,13 @@ func (c *Config) JSON(port int, upstream string) []byte {
 	switch len(l.Handlers) {
 	case 1:
 		if l.Handlers[0].Match == "" {
-			chain = append([]any{c.handlerJSON(0)}, tail...)
+			chain = append([]any{c.handlerJSON(0, path)}, tail...)
 		} else {
-			chain = []any{subroute(l.Handlers[0].Match, append([]any{c.handlerJSON(0)}, tail...), tail)}
+			chain = []any{subroute(l.Handlers[0].Match, append([]any{c.handlerJSON(0, path)}, tail...), tail)}
 		}
 	case 2:
-		inner := subroute(l.Handlers[1].Match, append([]any{c.handlerJSON(1)}, tail...), tail)
-		chain = []any{c.handlerJSON(0), inner}
+		inner := subroute(l.Handlers[1].Match, append([]any{c.handlerJSON(1, path)}, tail...), tail)
+		chain = []any{c.handlerJSON(0, path), inner}
 	}
 	var outer []any
 	outer = append(outer, map[string]any{"handler": "model_track"})
@@ -329,25 +408,17 @@ func (c *Config) JSON(port int, upstream string) []byte {
 	if l.Encode {
 		outer = append(outer, map[string]any{"handler": "encode", "encodings": map[string]any{"gzip": map[string]any{}}, "minimum_length": 16})
 	}
-	cfg := map[string]any{
-		"admin": map[string]any{"disabled": true, "config": map[string]any{"persist": false}},
-		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{
-			"writer": map[string]any{"output": "model"}, "level": "ERROR",
-		}}},
-		"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"model": map[string]any{
-			"listen":           []string{fmt.Sprintf("127.0.0.1:%d", port)},
-			"automatic_https":  map[string]any{"disable": true},
-			"routes":           []any{map[string]any{"handle": append(outer, chain...)}},
-			"read_timeout":     "30s",
-			"idle_timeout":     "30s",
-			"max_header_bytes": 1 << 20,
-		}}}},
+	return append(outer, chain...)
+}
+
+// fillChain is the fill site's handlers: an idempotency handler of default
+// options on a small memory store of its own, and the upstream.
+func (c *Config) fillChain(upstream string) []any {
+	return []any{
+		map[string]any{"handler": "model_track"},
+		map[string]any{"handler": "idempotency", "storage": map[string]any{"backend": "memory", "max_keys": c.Store.FillKeys, "max_bytes": c.Store.FillBytes}},
+		map[string]any{"handler": "reverse_proxy", "upstreams": []any{map[string]any{"dial": upstream}}},
 	}
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		panic(err)
-	}
-	return b
 }
 
 func subroute(match string, matched, rest []any) map[string]any {
@@ -355,6 +426,61 @@ func subroute(match string, matched, rest []any) map[string]any {
 		map[string]any{"match": []any{map[string]any{"path": []string{match + "*"}}}, "handle": matched, "terminal": true},
 		map[string]any{"handle": rest},
 	}}
+}
+
+// fresh returns a copy of c for the run of token tok: a fresh memory
+// store (of its own size) and Redis prefix.
+func (c *Config) fresh(tok string) *Config {
+	cfg := *c
+	cfg.Layout.Handlers = slices.Clone(c.Layout.Handlers)
+	n := runCounter.Add(1)
+	cfg.Store.MaxKeys = 900_000_000 + int(n%90_000_000)
+	cfg.Store.Prefix = "model:" + tok + ":"
+	cfg.Store.FillBytes = 1<<30 + int64(n)
+	return &cfg
+}
+
+// adapt makes a version 2 configuration fit the scenarios it runs: an
+// enforcing handler that keys their requests (POST /orders/1 with a key
+// header), leases short enough to wait past, a ttl short enough to
+// outlive when the ttl scenario runs and long enough to outlast the
+// others otherwise, a small PostgreSQL pool under many leases (the pool
+// renewals once queued behind), and the fill site.
+func adapt(c *Config, r *rand.Rand, cover []string) {
+	if len(cover) == 0 {
+		return
+	}
+	hs := c.Layout.Handlers
+	enforcing := false
+	for _, p := range hs {
+		enforcing = enforcing || !p.Observe
+	}
+	if !enforcing {
+		hs[len(hs)-1].Observe = false
+	}
+	lease, ttl := false, slices.Contains(cover, scTTL)
+	for _, k := range cover {
+		lease = lease || needsLease(k)
+	}
+	lt := pick(r, time.Second, time.Second, 1500*time.Millisecond, 2*time.Second)
+	for i := range hs {
+		p := &hs[i]
+		if lease {
+			p.LockTimeout = lt
+		}
+		switch {
+		case ttl:
+			p.TTL = pick(r, time.Second, 2*time.Second)
+		case p.TTL != 0 && p.TTL < time.Hour:
+			p.TTL = time.Hour
+		}
+	}
+	if slices.Contains(cover, scScale) && c.Store.Kind == "postgres" {
+		c.Store.MaxConns = 4
+	}
+	if slices.Contains(cover, scFill) {
+		c.Store.FillKeys = 20 + r.IntN(20)
+	}
 }
 
 // genConfig draws a configuration. Most are valid; some carry one invalid
@@ -525,7 +651,7 @@ func (c *Config) describe() string {
 	l := c.Layout
 	fmt.Fprintf(&b, "layout: outer_headers=%v encode=%v inner_delete_server=%v\n", l.OuterHeaders, l.Encode, l.InnerDeleteServer)
 	for i := range l.Handlers {
-		js, _ := json.Marshal(c.handlerJSON(i))
+		js, _ := json.Marshal(c.handlerJSON(i, "a"))
 		where := "outer"
 		if i == 1 {
 			where = "inner, under path " + l.Handlers[1].Match + "*"

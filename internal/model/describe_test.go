@@ -9,6 +9,7 @@ func TestDescribeSeed(t *testing.T) {
 	if *flagSeed == 0 {
 		t.Skip("needs -model.seed")
 	}
-	tr := Generate(*flagSeed, Store{Kind: *flagStore}, *flagSteps, *flagLong)
+	st := setting{store: *flagStore}
+	tr := Generate(*flagSeed, trialOptions(st, int(*flagSeed-*flagBase), *flagTrials))
 	t.Log(tr.Describe())
 }

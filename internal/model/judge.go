@@ -58,10 +58,12 @@ type judge struct {
 	// refuses to write: it panics on each, as it would without the module.
 	invalidStatus int
 	all           []*record // every record the trial made
+	run           string    // the trial's token: executions without it are another trial's
+	refused       int       // invalid configurations checked before the trial's own
 }
 
-func newJudge(cfg *Config, up *Upstream) *judge {
-	return &judge{cfg: cfg, up: up, recs: make(map[recKey]*record), scopeKeys: make(map[string]map[string]bool), seenExec: make(map[string]bool), keyOf: make(map[string]recKey), mayLate: make(map[string]bool)}
+func newJudge(cfg *Config, up *Upstream, run string) *judge {
+	return &judge{cfg: cfg, up: up, run: run, recs: make(map[recKey]*record), scopeKeys: make(map[string]map[string]bool), seenExec: make(map[string]bool), keyOf: make(map[string]recKey), mayLate: make(map[string]bool)}
 }
 
 func (j *judge) fail(kind, format string, args ...any) {
@@ -106,9 +108,18 @@ func (j *judge) judgeStep(step int, outs []*outcome) {
 	for _, rk := range order {
 		j.judgeKey(rk, keyed[rk])
 	}
-	// Executions of attempts that are not of this step: a request that
-	// ran late, or twice.
+	j.checkStray()
+}
+
+// checkStray fails on executions of this trial's attempts that no step
+// saw: a request that ran late, or twice. An execution of another
+// trial's attempt (a client that hung up there, reaching the upstream
+// only now) is that trial's, not this one's.
+func (j *judge) checkStray() {
 	for _, e := range j.up.Executions() {
+		if !strings.HasPrefix(e.Req, j.run) {
+			continue
+		}
 		if !j.seenExec[e.Req] && !j.mayLate[e.Req] {
 			j.seenExec[e.Req] = true
 			j.fail("stray-execution", "the upstream ran %s (%s %s) outside its step", e.Req, e.Method, e.Path)

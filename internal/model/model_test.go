@@ -5,14 +5,18 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/jackc/pgx/v5"
 
 	_ "github.com/caddy-idempotency/caddy-idempotency" // the module under test
+	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/knobs"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 )
@@ -26,14 +30,29 @@ import (
 var (
 	flagSeed   = flag.Uint64("model.seed", 0, "run only this seed")
 	flagTrials = flag.Int("model.trials", 3, "trials per store and server setting")
-	flagSteps  = flag.Int("model.steps", 15, "steps per trial")
-	flagLong   = flag.Bool("model.long", false, "add the slow scenarios (a client that stops reading)")
+	flagSteps  = flag.Int("model.steps", 15, "random steps per trial (besides its scenarios)")
+	flagLong   = flag.Bool("model.long", false, "version 1 only: add a client that stops reading for 20 s")
 	flagStore  = flag.String("model.store", "", "run only this store (memory, redis, postgres)")
-	flagBase   = flag.Uint64("model.base", 0, "first seed (default: random, printed)")
+	flagBase   = flag.Uint64("model.base", defaultBase, "first seed (0: random, printed)")
+	flagVer    = flag.Int("model.version", 2, "generator version (1: that of the regression seeds before 2026-12)")
+	flagAll    = flag.Bool("model.all", false, "every scenario of its store in every trial")
 
 	flagShrinkKinds = flag.Int("model.shrink-kinds", 3, "kinds of anomaly to shrink a failing trial for")
 	flagShrinkRuns  = flag.Int("model.shrink-runs", 25, "re-runs to shrink a failing trial with, per kind")
 )
+
+// defaultBase is the first seed of make test's runs: its trials are the
+// same in every run, so that what they catch (make mutants) they catch
+// every time; make soak draws new ones.
+const defaultBase = 26_000
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	// The model's clients sleep and read slowly against a stall timeout
+	// of seconds, not the production's ten (see stallTimeout).
+	knobs.ClientStallTimeout.Store(int64(stallTimeout))
+	os.Exit(m.Run())
+}
 
 // setting is a store under particular server settings.
 type setting struct {
@@ -47,16 +66,16 @@ func settings() []setting {
 		{"redis", "", func(t *testing.T) func(*Env) {
 			addr := redistest.Addr()
 			redistest.Require(t, addr)
-			return func(env *Env) { env.RedisURL = "redis://" + addr + "/0" }
+			return viaPaths(t, addr, func(env *Env) { env.RedisURL = "redis://" + addr + "/0" })
 		}},
 		{"redis", "persistent", func(t *testing.T) func(*Env) {
 			srv := redistest.StartServerArgs(t, "--appendonly", "yes", "--appendfsync", "always")
-			return func(env *Env) { env.RedisURL = "redis://" + srv.Addr + "/0" }
+			return viaPaths(t, srv.Addr, func(env *Env) { env.RedisURL = "redis://" + srv.Addr + "/0" })
 		}},
 		{"postgres", "", func(t *testing.T) func(*Env) {
 			dsn := pgtest.Require(t)
 			table := pgtest.Table(t, dsn)
-			return func(env *Env) { env.PostgresD, env.PGTable = dsn, table }
+			return viaPaths(t, pgtest.Address(t, dsn), func(env *Env) { env.PostgresD, env.PGTable = dsn, table })
 		}},
 		{"postgres", "serializable", isolatedPostgres("serializable")},
 		{"postgres", "repeatable read", isolatedPostgres("repeatable read")},
@@ -70,7 +89,25 @@ func isolatedPostgres(level string) func(t *testing.T) func(*Env) {
 		dsn := pgtest.Require(t)
 		db, name := pgtest.Database(t, dsn)
 		pgtest.Exec(t, dsn, `ALTER DATABASE `+pgx.Identifier{name}.Sanitize()+` SET default_transaction_isolation = '`+level+`'`)
-		return func(env *Env) { env.PostgresD, env.PGTable = db, "idempotency_keys" }
+		return viaPaths(t, pgtest.Address(t, dsn), func(env *Env) { env.PostgresD, env.PGTable = db, "idempotency_keys" })
+	}
+}
+
+// viaPaths adds to set the two paths to the store at addr: proxies that
+// the scenarios slow down, black-hole and cut.
+func viaPaths(t *testing.T, addr string, set func(*Env)) func(*Env) {
+	var paths [2]*caddyproc.Proxy
+	for i := range paths {
+		p, err := caddyproc.NewProxy(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		paths[i] = p
+	}
+	return func(env *Env) {
+		set(env)
+		env.Paths = paths
 	}
 }
 
@@ -91,7 +128,11 @@ func newEnv(t *testing.T) *Env {
 	}
 	t.Cleanup(up.Close)
 	t.Cleanup(func() { _ = caddy.Stop() })
-	return &Env{Up: up, Port: func() int { return freePort(t) }}
+	tls, err := NewTLSServer(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Env{Up: up, Port: func() int { return freePort(t) }, TLS: tls}
 }
 
 func TestModel(t *testing.T) {
@@ -99,24 +140,43 @@ func TestModel(t *testing.T) {
 	if base == 0 {
 		base = uint64(os.Getpid())<<20 ^ uint64(caddyRandom())
 	}
-	t.Logf("model seeds from %d (replay one with -model.seed N)", base)
+	t.Logf("model seeds from %d (replay one with -model.base %d -model.trials N, or -model.seed N)", base, base)
 	forEachSetting(t, func(t *testing.T, st setting, env *Env) {
-		seeds := []uint64{*flagSeed}
-		if *flagSeed == 0 {
-			seeds = seeds[:0]
-			for i := range *flagTrials {
-				seeds = append(seeds, base+uint64(i))
+		for i := range *flagTrials {
+			seed := base + uint64(i)
+			if *flagSeed != 0 && seed != *flagSeed {
+				continue
 			}
-		}
-		for _, seed := range seeds {
-			run(t, env, st, seed, *flagSteps)
+			run(t, env, st, seed, trialOptions(st, i, *flagTrials))
 		}
 	})
+	t.Log(stats.report())
+}
+
+// trialOptions are what trial i of n on st draws: its share of the
+// store's scenarios (all of them with -model.all), and a store 30 ms
+// away each way for the trial that runs many leases at once.
+func trialOptions(st setting, i, n int) GenOptions {
+	o := GenOptions{Store: Store{Kind: st.store}, Setting: st.name, Steps: *flagSteps, Long: *flagLong, Version: *flagVer}
+	if o.Version == 1 {
+		return o
+	}
+	kinds := scenarioKinds(st.store, st.name)
+	o.Cover = cover(kinds, i, n)
+	if *flagAll {
+		o.Cover = kinds
+	}
+	if st.store != "memory" && slices.Contains(o.Cover, scScale) {
+		o.Latency = 30 * time.Millisecond
+	}
+	return o
 }
 
 // regressions are the seeds that found bugs on the code before they were
 // fixed (main 168c050), kept so that each stays fixed: what the seed's
 // trial does is fixed by the seed, the store and the number of steps.
+//
+// These were found by version 1 of the generator and run as version 1.
 var regressions = []struct {
 	store, setting string
 	seed           uint64
@@ -143,7 +203,7 @@ func TestModelRegressions(t *testing.T) {
 		for _, r := range regressions {
 			if r.store == st.store && r.setting == st.name {
 				t.Logf("seed %d: %s", r.seed, r.found)
-				run(t, env, st, r.seed, r.steps)
+				run(t, env, st, r.seed, GenOptions{Store: Store{Kind: st.store}, Setting: st.name, Steps: r.steps, Version: 1})
 			}
 		}
 	})
@@ -166,9 +226,10 @@ func forEachSetting(t *testing.T, test func(t *testing.T, st setting, env *Env))
 
 // run generates and runs one trial, and fails the test with what went
 // wrong.
-func run(t *testing.T, env *Env, st setting, seed uint64, steps int) {
-	tr := Generate(seed, Store{Kind: st.store}, steps, *flagLong)
+func run(t *testing.T, env *Env, st setting, seed uint64, o GenOptions) {
+	tr := Generate(seed, o)
 	tr.Setting = st.name
+	stats.trial(tr)
 	if an := env.Run(tr); len(an) > 0 {
 		reportFailure(t, env, tr, an)
 	}
@@ -179,8 +240,8 @@ func run(t *testing.T, env *Env, st setting, seed uint64, steps int) {
 func reportFailure(t *testing.T, env *Env, tr *Trial, an []Anomaly) {
 	t.Helper()
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d (%s %s): %d anomalies; replay with -model.store %s -model.seed %d -model.steps %d\n",
-		tr.Seed, tr.Store, tr.Setting, len(an), tr.Store, tr.Seed, len(tr.Steps))
+	fmt.Fprintf(&b, "seed %d (%s %s, version %d): %d anomalies; replay with -model.store %s -model.base %d -model.seed %d -model.trials %d\n",
+		tr.Seed, tr.Store, tr.Setting, tr.Version, len(an), tr.Store, *flagBase, tr.Seed, *flagTrials)
 	lines := summarize(an)
 	if testing.Verbose() {
 		lines = lines[:0]

@@ -9,10 +9,14 @@ import (
 
 // Step is one moment of a trial: one attempt, or several at once.
 type Step struct {
-	Kind string // single, burst, sequence, wait, hangup, stall
+	Kind string // single, burst, sequence, wait, hangup, stall, timed
 	// Attempts of the step. For wait, the first is the slow owner, sent
 	// first; the others are sent once it reached the upstream.
 	Attempts []*Attempt
+	// Scenario is the scenario the step plays ("" for a random step;
+	// see scenario.go), and Timing its schedule (nil: Kind says).
+	Scenario string
+	Timing   *timing
 }
 
 // intent is what one client means to do once: its scope and key, and
@@ -93,6 +97,13 @@ type gen struct {
 	long    bool
 	intents []*intent
 	n       int // attempts made
+
+	// Version 2: r2 draws what version 1 did not have (protocols, keys
+	// shared between scopes, scenarios), so that a version 1 trial is
+	// drawn as before.
+	v2           bool
+	r2           *rand.Rand
+	scenarioKeys int
 }
 
 func (g *gen) steps(count int) []Step {
@@ -235,6 +246,13 @@ func (g *gen) newIntent() *intent {
 	if r.IntN(12) == 0 {
 		in.key = keyForm{} // no key at all
 	}
+	if g.v2 && len(g.intents) > 0 && g.r2.IntN(4) == 0 {
+		// Another client with a key an earlier one used: its own record.
+		other := g.intents[g.r2.IntN(len(g.intents))]
+		in.key = other.key
+		in.auth = pick(g.r2, "Bearer carol", "Bearer dave", "")
+		in.tenant = pick(g.r2, g.run+"-tenant-3", other.tenant)
+	}
 	g.intents = append(g.intents, in)
 	return in
 }
@@ -260,25 +278,54 @@ func (g *gen) oddKey() keyForm {
 	return keyForm{lines: []string{strings.Repeat("k", 300)}, hostile: "too long"}
 }
 
-// attempt builds an attempt for in.
+// attempt builds an attempt for in. Version 2 sends a well-formed one
+// over HTTP/2, h2c or HTTP/3 now and then.
 func (g *gen) attempt(in *intent, mode ClientMode) *Attempt {
+	do := g.behaviour()
+	gzip := g.r.IntN(4) == 0
+	a := g.build(in, mode, do, gzip)
+	if g.v2 && a.wellFormed() {
+		a.Proto = pick(g.r2, H1, H1, H1, H1, H1, H2, H2C, H3)
+	}
+	return a
+}
+
+// keyHeader is the key header the attempts send: version 1's, the
+// innermost handler's that names one; version 2's, that of the outermost
+// enforcing handler, which decides the scenarios' requests.
+func (g *gen) keyHeader() string {
+	name := "Idempotency-Key"
+	for _, p := range g.cfg.Layout.Handlers {
+		if g.v2 && !p.Observe {
+			return p.effective().Header
+		}
+		if p.Header != "" {
+			name = p.Header
+		}
+	}
+	return name
+}
+
+// nextID is the id of the next attempt.
+func (g *gen) nextID() string {
 	g.n++
+	return fmt.Sprintf("%s-r%d", g.run, g.n)
+}
+
+// build makes the attempt of in with the upstream doing do; gzip adds
+// Accept-Encoding: gzip.
+func (g *gen) build(in *intent, mode ClientMode, do Behaviour, gzip bool) *Attempt {
 	a := &Attempt{
-		ID:     fmt.Sprintf("%s-r%d", g.run, g.n),
+		ID:     g.nextID(),
 		Intent: in.label,
 		Method: in.method,
 		Target: in.target,
 		Host:   in.host,
 		Mode:   mode,
-		Do:     g.behaviour(),
+		Do:     do,
 	}
 	hdr := func(k, v string) { a.Header = append(a.Header, [2]string{k, v}) }
-	name := "Idempotency-Key"
-	for _, p := range g.cfg.Layout.Handlers {
-		if p.Header != "" {
-			name = p.Header
-		}
-	}
+	name := g.keyHeader()
 	for _, line := range in.key.lines {
 		hdr(name, line)
 	}
@@ -292,7 +339,7 @@ func (g *gen) attempt(in *intent, mode ClientMode) *Attempt {
 		hdr("Content-Type", in.ctype)
 	}
 	hdr("X-Variant", in.variant)
-	if g.r.IntN(4) == 0 {
+	if gzip {
 		hdr("Accept-Encoding", "gzip")
 	}
 	if in.method != "GET" && in.method != "DELETE" || in.body.kind != "empty" {

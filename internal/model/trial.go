@@ -3,22 +3,36 @@ package model
 import (
 	"bytes"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"net/url"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
 )
 
 // Trial is one generated configuration and request sequence.
 type Trial struct {
 	Seed    uint64
+	Version int    // of the generator (see GenOptions.Version)
 	Store   string // memory, redis, postgres
 	Setting string // server settings of the store, for the report
 	Config  *Config
+	// Refused are configurations the generator drew that the contract
+	// calls invalid: each must fail to load naming its option, before the
+	// trial runs on Config (version 2; in version 1 Config itself may be
+	// invalid, and the trial then runs no step).
+	Refused []*Config
 	Steps   []Step
+	// Latency is the one-way latency of the store's paths during the
+	// trial (version 2; Redis and PostgreSQL).
+	Latency time.Duration
 	// run is the token the generator put in every id, host and key, so
 	// that a re-run can swap in a fresh one of the same length (no key's
 	// length changes).
@@ -43,18 +57,72 @@ type Env struct {
 	RedisURL  string
 	PostgresD string // DSN
 	PGTable   string
+	// Paths are the two routes from Caddy to a Redis or PostgreSQL store,
+	// each a proxy a scenario can slow down, black-hole or cut: path a
+	// as one Caddy instance reaches the store, path b as another would
+	// (nil for the memory store).
+	Paths [2]*caddyproc.Proxy
+	// TLS is the certificate of Caddy's TLS server (HTTP/2, HTTP/3);
+	// each trial serves it on a port of its own.
+	TLS *TLSServer
 }
 
-// Generate draws a trial of steps steps for store from seed. long adds
-// the slow scenarios (a client that stops reading).
-func Generate(seed uint64, store Store, steps int, long bool) *Trial {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	run := fmt.Sprintf("g%08x", uint32(seed))
-	store.MaxKeys = 900_000_000 + int(seed%90_000_000)
+// GenOptions say what trial to draw.
+type GenOptions struct {
+	Store   Store // its Kind
+	Setting string
+	Steps   int
+	// Long adds the slow scenarios to version 1 (a client that stops
+	// reading for 20 s); version 2 has them scaled down in every run.
+	Long bool
+	// Version 1 is the generator that found the regression seeds: a
+	// configuration (maybe invalid), random steps. Version 2 draws per
+	// store setting, keeps the invalid configurations apart, adds
+	// protocols, keys shared between scopes, and Cover's scenarios.
+	Version int
+	Cover   []string
+	Latency time.Duration
+}
+
+// Generate draws a trial from seed.
+func Generate(seed uint64, o GenOptions) *Trial {
+	store := o.Store
+	if o.Version == 1 {
+		r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+		run := fmt.Sprintf("g%08x", uint32(seed))
+		store.MaxKeys = 900_000_000 + int(seed%90_000_000)
+		store.Prefix = "model:" + run + ":"
+		cfg := genConfig(r, store)
+		g := &gen{r: r, run: run, cfg: cfg, long: o.Long}
+		return &Trial{Seed: seed, Version: 1, Store: store.Kind, Config: cfg, Steps: g.steps(o.Steps), run: run}
+	}
+	// The setting is part of what is drawn: each store setting runs
+	// trials of its own for the same seed.
+	h := fnv.New64a()
+	h.Write([]byte(store.Kind + "/" + o.Setting))
+	mix := seed ^ h.Sum64()
+	r := rand.New(rand.NewPCG(mix, mix^0x9e3779b97f4a7c15))
+	r2 := rand.New(rand.NewPCG(mix^0xd1b54a32d192ed03, mix))
+	run := fmt.Sprintf("g%08x", uint32(mix))
+	store.MaxKeys = 900_000_000 + int(mix%90_000_000)
 	store.Prefix = "model:" + run + ":"
+	t := &Trial{Seed: seed, Version: 2, Store: store.Kind, Setting: o.Setting, Latency: o.Latency, run: run}
 	cfg := genConfig(r, store)
-	g := &gen{r: r, run: run, cfg: cfg, long: long}
-	return &Trial{Seed: seed, Store: store.Kind, Config: cfg, Steps: g.steps(steps), run: run}
+	for cfg.Invalid != "" {
+		t.Refused = append(t.Refused, cfg)
+		cfg = genConfig(r, store)
+	}
+	adapt(cfg, r2, o.Cover)
+	t.Config = cfg
+	g := &gen{r: r, r2: r2, v2: true, run: run, cfg: cfg}
+	t.Steps = g.steps(o.Steps)
+	for _, kind := range o.Cover {
+		if st, ok := g.scenarioStep(kind); ok {
+			at := r2.IntN(len(t.Steps) + 1)
+			t.Steps = slices.Insert(t.Steps, at, st)
+		}
+	}
+	return t
 }
 
 // fresh returns a copy of t whose ids, hosts and keys carry a new run
@@ -64,13 +132,15 @@ func (t *Trial) fresh() *Trial {
 	swap := func(s string) string { return strings.ReplaceAll(s, t.run, tok) }
 	c := *t
 	c.run = tok
-	cfg := *t.Config
-	cfg.Store.MaxKeys = 900_000_000 + int(runCounter.Add(1)%90_000_000)
-	cfg.Store.Prefix = "model:" + tok + ":"
-	c.Config = &cfg
+	c.Config = t.Config.fresh(tok)
+	c.Refused = nil
+	for _, r := range t.Refused {
+		c.Refused = append(c.Refused, r.fresh(tok))
+	}
 	c.Steps = make([]Step, len(t.Steps))
 	for i, st := range t.Steps {
-		ns := Step{Kind: st.Kind}
+		ns := st
+		ns.Attempts = nil
 		for _, a := range st.Attempts {
 			b := *a
 			b.ID, b.Intent, b.Host = swap(a.ID), swap(a.Intent), swap(a.Host)
@@ -86,38 +156,43 @@ func (t *Trial) fresh() *Trial {
 	return &c
 }
 
+// jitter is the random share of the paths' latency, when set.
+const jitter = 5 * time.Millisecond
+
 // Run runs t (with a fresh run token) and returns what went wrong.
 func (env *Env) Run(t *Trial) []Anomaly {
 	t = t.fresh()
 	env.Up.Reset()
 	takeLogs()
 	defer forgetTracked(t.run)
+	env.heal(t.Latency)
+	defer env.heal(0)
+	j := newJudge(t.Config, env.Up, t.run)
+	for _, bad := range t.Refused {
+		env.route(bad)
+		j.refused++
+		env.load(j, bad, env.Port(), nil)
+	}
 	cfg := t.Config
-	if cfg.Store.Kind == "redis" {
-		cfg.Store.URL = env.RedisURL
-	}
-	if cfg.Store.Kind == "postgres" {
-		cfg.Store.DSN, cfg.Store.Table = env.PostgresD, env.PGTable
-	}
-	j := newJudge(cfg, env.Up)
+	env.route(cfg)
+	x := &trialRun{env: env, cfg: cfg, j: j}
 	port := env.Port()
-	if !env.load(j, cfg, port) {
+	x.addr = fmt.Sprintf("127.0.0.1:%d", port)
+	if env.TLS != nil {
+		srv := *env.TLS
+		srv.Port = env.Port()
+		x.tls = &srv
+	}
+	if !env.load(j, cfg, port, x.tls) {
 		return j.anomalies
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	for i, st := range t.Steps {
-		outs := env.runStep(addr, cfg, st)
-		for _, o := range outs {
-			if o.d.kind == "keyed" {
-				j.keyOf[o.a.ID] = o.d.rk
-			}
-			if o.done.IsZero() {
-				j.step = i
-				j.fail("never-finished", "Caddy was not done with %s a minute after its client was: %s", o.a.ID, o.a.short())
-				o.done = clockForModules()
-			}
+		j.step, x.current = i, st
+		if st.Scenario != "" && x.runScenario(st) {
+			continue
 		}
-		j.judgeStep(i, outs)
+		outs := x.runStep(st)
+		x.judgeStep(i, outs)
 		if st.Kind == "stall" {
 			j.judgeStall(outs)
 		}
@@ -135,10 +210,89 @@ func (env *Env) Run(t *Trial) []Anomaly {
 	return j.anomalies
 }
 
+// trialRun is a trial while it runs: where its requests go, and its judge.
+type trialRun struct {
+	env     *Env
+	cfg     *Config
+	j       *judge
+	addr    string     // Caddy's plain server
+	tls     *TLSServer // Caddy's TLS server (nil: none)
+	current Step       // the step running
+}
+
+// send sends a over its protocol and reads the answer as its mode says.
+func (x *trialRun) send(a *Attempt) *Result {
+	if a.Proto == H1 || x.tls == nil {
+		return Send(x.addr, a, clockForModules)
+	}
+	return sendHTTP(x.addr, x.tls, a.Proto, a, clockForModules)
+}
+
+// judgeStep records the record keys of a step's outcomes and judges them.
+func (x *trialRun) judgeStep(i int, outs []*outcome) {
+	j := x.j
+	for _, o := range outs {
+		if o.d.kind == "keyed" {
+			j.keyOf[o.a.ID] = o.d.rk
+		}
+		if o.done.IsZero() {
+			j.step = i
+			j.fail("never-finished", "Caddy was not done with %s a minute after its client was: %s", o.a.ID, o.a.short())
+			o.done = clockForModules()
+		}
+	}
+	j.judgeStep(i, outs)
+}
+
+// route points cfg's store at the environment's servers, through the
+// paths when there are.
+func (env *Env) route(cfg *Config) {
+	via := func(i int, url string) string {
+		if env.Paths[i] == nil {
+			return url
+		}
+		return withHost(url, env.Paths[i].Addr)
+	}
+	switch cfg.Store.Kind {
+	case "redis":
+		cfg.Store.URL, cfg.Store.Via = via(0, env.RedisURL), via(1, env.RedisURL)
+	case "postgres":
+		cfg.Store.DSN, cfg.Store.Via, cfg.Store.Table = via(0, env.PostgresD), via(1, env.PostgresD), env.PGTable
+	}
+}
+
+// withHost returns the URL u with its host and port replaced by hostport.
+func withHost(u, hostport string) string {
+	parsed, err := url.Parse(u)
+	if err != nil || parsed.Host == "" {
+		panic(fmt.Sprintf("model: the store's address %q is not a URL", u))
+	}
+	parsed.Host = hostport
+	return parsed.String()
+}
+
+// heal ends every fault of the paths and gives them latency.
+func (env *Env) heal(latency time.Duration) {
+	for _, p := range env.Paths {
+		if p == nil {
+			continue
+		}
+		p.Unstall()
+		if err := p.Restore(); err != nil {
+			panic(err)
+		}
+		if latency > 0 {
+			p.SetLatency(latency, jitter)
+		} else {
+			p.SetLatency(0, 0)
+		}
+	}
+}
+
 // load loads cfg into Caddy. A config the contract calls invalid must be
 // refused with an error naming the option; a valid one must load.
-func (env *Env) load(j *judge, cfg *Config, port int) (run bool) {
-	js := cfg.JSON(port, env.Up.Addr)
+func (env *Env) load(j *judge, cfg *Config, port int, tls *TLSServer) (run bool) {
+	js := cfg.JSON(port, env.Up.Addr, tls)
 	var err error
 	func() {
 		defer func() {
@@ -167,13 +321,14 @@ func (env *Env) load(j *judge, cfg *Config, port int) (run bool) {
 
 // runStep sends a step's attempts and waits until Caddy is done with
 // each.
-func (env *Env) runStep(addr string, cfg *Config, st Step) []*outcome {
+func (x *trialRun) runStep(st Step) []*outcome {
+	env := x.env
 	outs := make([]*outcome, len(st.Attempts))
 	var wg sync.WaitGroup
 	send := func(i int) {
 		defer wg.Done()
 		a := st.Attempts[i]
-		outs[i] = &outcome{a: a, res: Send(addr, a, clockForModules)}
+		outs[i] = &outcome{a: a, res: x.send(a)}
 	}
 	switch st.Kind {
 	case "wait", "stall":
@@ -197,7 +352,7 @@ func (env *Env) runStep(addr string, cfg *Config, st Step) []*outcome {
 			}
 		}
 		if st.Kind == "stall" {
-			outs = append(outs, env.probeStalled(addr, st.Attempts[0])...)
+			outs = append(outs, x.probeStalled(st.Attempts[0], stallProbeWindow)...)
 			break
 		}
 		for i := 1; i < len(st.Attempts); i++ {
@@ -217,17 +372,23 @@ func (env *Env) runStep(addr string, cfg *Config, st Step) []*outcome {
 		}
 	}
 	wg.Wait()
+	x.settle(outs)
+	return outs
+}
+
+// settle waits until Caddy is done with each outcome's attempt, and takes
+// its decision and its execution.
+func (x *trialRun) settle(outs []*outcome) {
 	deadline := time.Now().Add(time.Minute)
 	for _, o := range outs {
-		o.d = decide(cfg, o.a)
+		o.d = decide(x.cfg, o.a)
 		if o.d.kind == "nethttp" {
 			o.done = o.res.Done // never reaches Caddy's handlers
 		} else {
 			o.done, _ = waitDone(o.a.ID, max(time.Until(deadline), time.Millisecond))
 		}
-		o.exec = env.Up.Settled(o.a.ID, 10*time.Second)
+		o.exec = x.env.Up.Settled(o.a.ID, 10*time.Second)
 	}
-	return outs
 }
 
 // stallProbeWindow is how long after a client stopped reading a retry
@@ -238,19 +399,19 @@ const stallProbeWindow = 12 * time.Second
 // probeStalled retries a stalled attempt's request from another
 // connection until it gets something other than 409, or the window
 // ends.
-func (env *Env) probeStalled(addr string, stalled *Attempt) []*outcome {
+func (x *trialRun) probeStalled(stalled *Attempt, window time.Duration) []*outcome {
 	var outs []*outcome
-	end := time.Now().Add(stallProbeWindow + 2*time.Second)
+	end := time.Now().Add(window + window/6)
 	for i := 0; time.Now().Before(end); i++ {
 		b := *stalled
 		b.ID = fmt.Sprintf("%s-p%d", stalled.ID, i)
 		b.Mode, b.Stall = ReadAll, 0
-		o := &outcome{a: &b, res: Send(addr, &b, clockForModules)}
+		o := &outcome{a: &b, res: x.send(&b)}
 		outs = append(outs, o)
 		if o.res.Status != 409 {
 			break
 		}
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(window / 50)
 	}
 	return outs
 }

@@ -1,0 +1,21 @@
+// Package knobs holds the few values of the module that its own tests
+// turn: production never changes them, and being internal they are no
+// option of the module's. Each is atomic, so a test may set it while
+// requests run.
+package knobs
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// ClientStallTimeout is how long a client may take no byte of an answer
+// before it counts as gone (see the recorder in the root package): 10 s.
+// The randomized test scales it down, so that its slow and sleeping
+// clients take seconds rather than minutes.
+var ClientStallTimeout atomic.Int64
+
+func init() { ClientStallTimeout.Store(int64(10 * time.Second)) }
+
+// StallTimeout is ClientStallTimeout as a duration.
+func StallTimeout() time.Duration { return time.Duration(ClientStallTimeout.Load()) }
