@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"net/url"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
