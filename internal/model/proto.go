@@ -4,124 +4,43 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
 	"net/http/httptrace"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/quic-go/quic-go"
-	"github.com/quic-go/quic-go/http3"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
 )
 
 // Proto is the protocol an attempt is sent over. HTTP/1.1 goes over raw
 // sockets as the model writes it byte for byte (hostile header forms
 // included); the others through Go's clients, to Caddy's TLS server
 // (HTTP/2, HTTP/3) or its plain one (h2c).
-type Proto uint8
+type Proto = caddyproc.Proto
 
 const (
-	H1 Proto = iota
-	H2
-	H2C
-	H3
+	H1  = caddyproc.H1
+	H2  = caddyproc.H2
+	H2C = caddyproc.H2C
+	H3  = caddyproc.H3
 )
 
-func (p Proto) String() string { return [...]string{"h1", "h2", "h2c", "h3"}[p] }
-
 // TLSServer is where Caddy serves HTTP/1.1, HTTP/2 and HTTP/3 with TLS:
-// its port (TCP and UDP) and the certificate it serves, made for the test.
+// its port (TCP and UDP) and the certificate it serves.
 type TLSServer struct {
-	Port              int
-	CertFile, KeyFile string
-	roots             *x509.CertPool
+	Port int
+	*caddyproc.Cert
 }
 
-// NewTLSServer writes a self-signed certificate for localhost into dir.
+// NewTLSServer makes a certificate for localhost in dir.
 func NewTLSServer(dir string, port int) (*TLSServer, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	c, err := caddyproc.NewCert(dir)
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "localhost"},
-		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA:         true,
-
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, err
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, err
-	}
-	s := &TLSServer{Port: port, CertFile: filepath.Join(dir, "cert.pem"), KeyFile: filepath.Join(dir, "key.pem"), roots: x509.NewCertPool()}
-	s.roots.AddCert(cert)
-	if err := os.WriteFile(s.CertFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(s.KeyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
-// Flow-control windows of a client that reads slowly: small, so that a
-// slow reader holds the server back as a phone on a bad network does,
-// rather than buffering the whole answer (Go's HTTP/2 client takes 4 MB
-// per stream by default).
-const slowWindow = 16 << 10
-
-// transport returns a fresh client transport for p (one connection of its
-// own per attempt: an attempt that hangs up or stalls never affects
-// another). slow makes its flow-control windows small.
-func (s *TLSServer) transport(p Proto, slow bool) http.RoundTripper {
-	tc := &tls.Config{RootCAs: s.roots, ServerName: "localhost", MinVersion: tls.VersionTLS12}
-	switch p {
-	case H3:
-		qc := &quic.Config{MaxIdleTimeout: time.Minute}
-		if slow {
-			qc.InitialStreamReceiveWindow, qc.MaxStreamReceiveWindow = slowWindow, slowWindow
-			qc.InitialConnectionReceiveWindow, qc.MaxConnectionReceiveWindow = 4*slowWindow, 4*slowWindow
-		}
-		return &http3.Transport{TLSClientConfig: tc, QUICConfig: qc, DisableCompression: true}
-	default:
-		t := &http.Transport{TLSClientConfig: tc, DisableCompression: true, Protocols: new(http.Protocols)}
-		if p == H2C {
-			t.Protocols.SetUnencryptedHTTP2(true)
-		} else {
-			t.Protocols.SetHTTP2(true)
-		}
-		if slow {
-			t.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: slowWindow, MaxReceiveBufferPerConnection: 4 * slowWindow}
-		}
-		return t
-	}
+	return &TLSServer{Port: port, Cert: c}, nil
 }
 
 // sendHTTP sends a over p with Go's client and reads the answer as its
@@ -129,8 +48,8 @@ func (s *TLSServer) transport(p Proto, slow bool) http.RoundTripper {
 func sendHTTP(plain string, tlsSrv *TLSServer, p Proto, a *Attempt, clock func() time.Time) *Result {
 	res := &Result{Sent: clock()}
 	defer func() { res.Done = clock() }()
-	rt := tlsSrv.transport(p, a.Mode == SlowRead || a.Mode == StallResume)
-	defer closeTransport(rt)
+	rt := tlsSrv.Transport(p, a.Mode == SlowRead || a.Mode == StallResume)
+	defer caddyproc.CloseTransport(rt)
 
 	base := fmt.Sprintf("https://127.0.0.1:%d", tlsSrv.Port)
 	if p == H2C {
@@ -190,33 +109,11 @@ func sendHTTP(plain string, tlsSrv *TLSServer, p Proto, a *Attempt, clock func()
 func readBody(body io.Reader, a *Attempt) ([]byte, error) {
 	switch a.Mode {
 	case SlowRead:
-		return readSlowly(body, a.Rate)
+		return caddyproc.ReadSlowly(body, a.Rate)
 	case StallResume:
 		time.Sleep(a.Stall)
 	}
 	return io.ReadAll(body)
-}
-
-// readSlowly reads body at rate bytes a second, in small reads.
-func readSlowly(body io.Reader, rate int) ([]byte, error) {
-	const piece = 512
-	var out bytes.Buffer
-	buf := make([]byte, piece)
-	start := time.Now()
-	for {
-		n, err := body.Read(buf)
-		out.Write(buf[:n])
-		if err == io.EOF {
-			return out.Bytes(), nil
-		}
-		if err != nil {
-			return out.Bytes(), err
-		}
-		// Pace: the bytes read so far at rate, measured from the start.
-		if due := start.Add(time.Duration(out.Len()) * time.Second / time.Duration(rate)); time.Until(due) > 0 {
-			time.Sleep(time.Until(due))
-		}
-	}
 }
 
 // decoded returns body gunzipped when the answer says gzip (and it came
@@ -238,15 +135,6 @@ func decoded(res *Result, body []byte) []byte {
 		return body
 	}
 	return dec
-}
-
-func closeTransport(rt http.RoundTripper) {
-	switch t := rt.(type) {
-	case *http.Transport:
-		t.CloseIdleConnections()
-	case *http3.Transport:
-		_ = t.Close()
-	}
 }
 
 // wellFormed reports whether a can go over HTTP/2 or HTTP/3: Go's
