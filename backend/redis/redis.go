@@ -47,7 +47,9 @@ func (redisLogger) Printf(_ context.Context, format string, v ...any) {
 // Storage keeps idempotency records in Redis, shared by every Caddy
 // instance that points at it: a single node (url), a Redis Cluster
 // (several addresses) or a Sentinel-managed primary (master_name and the
-// Sentinel addresses). A new key costs two round trips and a replay one.
+// Sentinel addresses). A new key costs two round trips and a replay one;
+// the leases of running requests are renewed together, one round trip
+// per Redis node and tick, on a few connections of their own.
 //
 // Handlers with the same Redis configuration share one client and its
 // connection pool, kept across config reloads. Caddy starts and reloads
@@ -102,7 +104,8 @@ type Storage struct {
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// The most connections per Redis node. Default: go-redis's, ten per
-	// CPU.
+	// CPU. Lease renewals have a few connections per node of their own
+	// besides.
 	PoolSize int `json:"pool_size,omitempty"`
 
 	// How long opening one connection may take. Default: 1s; 10ms to 1m.
@@ -162,7 +165,18 @@ func (r *Storage) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return nil, err
 		}
-		store := redisstore.New(client, redisstore.Options{KeyPrefix: cfg.KeyPrefix, Timeout: cmp.Or(cfg.Client.Timeout, redisstore.DefaultTimeout)})
+		// Lease renewals go on connections of their own, so that they
+		// never wait behind reservations and completions.
+		renew, err := redisstore.NewRenewClient(cfg.Client)
+		if err != nil {
+			client.Close()
+			return nil, err
+		}
+		store := redisstore.New(client, redisstore.Options{
+			KeyPrefix:   cfg.KeyPrefix,
+			Timeout:     cmp.Or(cfg.Client.Timeout, redisstore.DefaultTimeout),
+			RenewClient: renew,
+		})
 		return backend.Wrap(store, cfg.Cache), nil
 	})
 }

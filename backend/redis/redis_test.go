@@ -187,6 +187,55 @@ func TestRedisProvisionSharesOneClient(t *testing.T) {
 	}
 }
 
+// TestRedisRenewsLeasesInBatches: the store the module builds renews
+// leases in batches (storage.BatchRenewer), with a replay cache in front
+// of it too, on a client of its own that closes with the store.
+func TestRedisRenewsLeasesInBatches(t *testing.T) {
+	addr := redistest.Addr()
+	redistest.Require(t, addr)
+	for _, cached := range []bool{false, true} {
+		t.Run(fmt.Sprint("replay_cache=", cached), func(t *testing.T) {
+			r := &Storage{URL: "redis://" + addr + "/0", KeyPrefix: "idempotency-test:" + redistest.RandomHex(6) + ":"}
+			if cached {
+				r.ReplayCache = &backend.ReplayCache{MaxEntries: 10}
+			}
+			ctx, _ := backendtest.CaddyContext(t)
+			if err := r.Provision(ctx); err != nil {
+				t.Fatal(err)
+			}
+			s := r.Store()
+			b, ok := s.(storage.BatchRenewer)
+			if !ok {
+				t.Fatalf("the store %T does not renew in batches", s)
+			}
+			key := storage.Key{Scope: "s", ID: "leased"}
+			res, err := s.Reserve(t.Context(), key, []byte("fp"), time.Minute)
+			if err != nil || res.Outcome != storage.Acquired {
+				t.Fatalf("Reserve: %v %v", res.Outcome, err)
+			}
+			batch := []storage.Renewal{{Key: key, Token: res.Token, Lease: time.Hour}}
+			if err := b.RenewBatch(t.Context(), batch); err != nil || batch[0].Err != nil {
+				t.Fatalf("RenewBatch: %v, %v", err, batch[0].Err)
+			}
+			if rec, err := s.Get(t.Context(), key, false); err != nil || time.Until(rec.ExpiresAt) < 30*time.Minute {
+				t.Fatalf("the renewed lease: %v, %v; want it to last an hour", rec, err)
+			}
+			if !cached {
+				if n := s.(*redisstore.Store).RenewalRoundTrips(); n < 1 || n > 2 { // 2: the script, new to the server
+					t.Errorf("%d round trips for one batch", n)
+				}
+			}
+			if err := r.Cleanup(); err != nil {
+				t.Fatal(err)
+			}
+			// The last user is gone: the renewal client is closed too.
+			if err := b.RenewBatch(t.Context(), batch); err == nil || !strings.Contains(err.Error(), "closed") {
+				t.Errorf("RenewBatch on the released store: %v, want a closed-client error", err)
+			}
+		})
+	}
+}
+
 // TestRedisDurationsInNanosecondsAreConfigErrors: a JSON config that
 // gives a duration as a bare number means nanoseconds; "timeout": 2 used
 // to load and then answer 503 to every request.

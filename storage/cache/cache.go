@@ -56,7 +56,22 @@ type waitingStore struct {
 	storage.Waiter
 }
 
-// New wraps store. The result implements storage.Waiter when store does.
+// renewingStore is a Store whose backend renews leases in batches; leases
+// are never cached, so the batches go to the backend as they are.
+type renewingStore struct {
+	*Store
+	storage.BatchRenewer
+}
+
+// waitingRenewingStore is both.
+type waitingRenewingStore struct {
+	*Store
+	storage.Waiter
+	storage.BatchRenewer
+}
+
+// New wraps store. The result implements storage.Waiter and
+// storage.BatchRenewer when store does.
 func New(store storage.Store, opts Options) storage.Store {
 	per := max(1, opts.MaxEntries/shards)
 	c := &Store{Store: store, ttl: opts.TTL, seed: maphash.MakeSeed()}
@@ -64,8 +79,15 @@ func New(store storage.Store, opts Options) storage.Store {
 		c.shards[i].max = per
 		c.shards[i].items = make(map[storage.Key]*entry)
 	}
-	if w, ok := store.(storage.Waiter); ok {
+	w, waits := store.(storage.Waiter)
+	b, batches := store.(storage.BatchRenewer)
+	switch {
+	case waits && batches:
+		return waitingRenewingStore{Store: c, Waiter: w, BatchRenewer: b}
+	case waits:
 		return waitingStore{Store: c, Waiter: w}
+	case batches:
+		return renewingStore{Store: c, BatchRenewer: b}
 	}
 	return c
 }

@@ -137,3 +137,43 @@ func TestWaiterIsKept(t *testing.T) {
 		t.Fatal("the cache claims a Waiter the store does not have")
 	}
 }
+
+// TestBatchRenewerIsKept: with a replay cache in front of it, a store
+// still renews its leases in batches (the memory store does, a store
+// hidden behind a bare struct does not).
+func TestBatchRenewerIsKept(t *testing.T) {
+	opts := cache.Options{MaxEntries: 1, TTL: time.Second}
+	mem := memory.New(memory.Options{})
+	defer mem.Close()
+	s := cache.New(mem, opts)
+	b, ok := s.(storage.BatchRenewer)
+	if !ok {
+		t.Fatal("the cache hides the store's BatchRenewer")
+	}
+	if _, ok := s.(storage.Waiter); !ok {
+		t.Fatal("the cache hides the store's Waiter beside its BatchRenewer")
+	}
+	key := storage.Key{Scope: "s", ID: "k"}
+	res, err := s.Reserve(t.Context(), key, []byte("fp"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []storage.Renewal{{Key: key, Token: res.Token, Lease: time.Hour}, {Key: key, Token: res.Token + 1, Lease: time.Hour}}
+	if err := b.RenewBatch(t.Context(), batch); err != nil || batch[0].Err != nil || batch[1].Err != storage.ErrLeaseLost {
+		t.Fatalf("RenewBatch through the cache: %v; %v, %v", err, batch[0].Err, batch[1].Err)
+	}
+	if _, ok := cache.New(struct{ storage.Store }{mem}, opts).(storage.BatchRenewer); ok {
+		t.Fatal("the cache claims a BatchRenewer the store does not have")
+	}
+	renewing := struct {
+		storage.Store
+		storage.BatchRenewer
+	}{mem, mem}
+	s = cache.New(renewing, opts)
+	if _, ok := s.(storage.BatchRenewer); !ok {
+		t.Fatal("the cache hides the BatchRenewer of a store that does not wait")
+	}
+	if _, ok := s.(storage.Waiter); ok {
+		t.Fatal("the cache claims a Waiter the store does not have")
+	}
+}

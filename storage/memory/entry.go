@@ -16,7 +16,10 @@ const fpInline = 32
 // fp and resp, once set, never change: they are handed out to callers. A
 // takeover therefore replaces the entry rather than reusing it.
 type entry struct {
-	fp      []byte // points into fpBuf when it fits
+	fp []byte // points into fpBuf when it fits
+	// token is the lease of a record in flight. Once completed, a record
+	// has no lease: a refusal record keeps its place in the refusal lists
+	// here (refusal.go), any other zero.
 	token   storage.Token
 	created int64 // nanoseconds since Store.base
 	expires int64 // lease lapse (in flight) or expiry (completed)
@@ -55,9 +58,13 @@ func entryCost(fpLen int) int64 {
 
 // footprint is what the store counts for e against MaxBytes: its
 // entryCost, plus the block holding the encoded response and detail of a
-// completed record.
+// completed record, plus a refusal record's place in the refusal lists.
 func (e *entry) footprint() int64 {
-	return entryCost(len(e.fp)) + int64(cap(e.resp)+cap(e.detail))
+	n := entryCost(len(e.fp)) + int64(cap(e.resp)+cap(e.detail))
+	if e.isRefusal() {
+		n += refusalCost
+	}
+	return n
 }
 
 func newEntry(fp []byte, token storage.Token, now int64, lease time.Duration, scope scopeID) *entry {

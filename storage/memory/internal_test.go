@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -55,6 +56,7 @@ func checkCount(t *testing.T, s *Store) {
 	if got := s.Bytes(); got != bytes {
 		t.Fatalf("Bytes = %d, the shards' records take %d", got, bytes)
 	}
+	checkRefusals(t, s)
 	if s.maxScope == 0 {
 		return
 	}
@@ -74,6 +76,90 @@ func checkCount(t *testing.T, s *Store) {
 		if counted[id] != u {
 			t.Fatalf("scope %x counted %+v, holds %+v", id, counted[id], u)
 		}
+	}
+}
+
+// checkRefusals fails unless the refusal lists hold exactly the refusal
+// records the shards hold, each at the place its entry keeps, the store's
+// list from the oldest and each scope's list in the same order, and every
+// other node is free. The store must be idle.
+func checkRefusals(t *testing.T, s *Store) {
+	t.Helper()
+	r := &s.refusals
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	want := map[int32]recordID{} // node -> record, from the shards
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for id, e := range sh.m {
+			if e.isRefusal() {
+				want[int32(e.token-1)] = id
+				if st, err := storage.DecodeResponse(e.resp); err != nil || !refusal(st.Status) {
+					t.Errorf("record %x on the refusal lists holds %v, %v", id[:4], st, err)
+				}
+			} else if e.resp != nil && e.token != 0 {
+				t.Errorf("completed record %x keeps token %d", id[:4], e.token)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	if r.n != len(want) {
+		t.Fatalf("%d nodes in use, the shards hold %d refusal records", r.n, len(want))
+	}
+	// The store's list, from the oldest.
+	var order []int32
+	prev := int32(none)
+	for at := r.all.head; at != none; at = r.nodes[at].all.next {
+		nd := r.nodes[at]
+		if nd.all.prev != prev {
+			t.Fatalf("node %d: prev %d, want %d", at, nd.all.prev, prev)
+		}
+		if id, ok := want[at]; !ok || id != nd.id {
+			t.Fatalf("node %d names record %x, which does not keep it", at, nd.id[:4])
+		}
+		order = append(order, at)
+		prev = at
+		if len(order) > len(r.nodes) {
+			t.Fatal("the store's refusal list loops")
+		}
+	}
+	if r.all.tail != prev || len(order) != r.n {
+		t.Fatalf("the store's list: tail %d (want %d), %d nodes (want %d)", r.all.tail, prev, len(order), r.n)
+	}
+	// Each scope's list: its nodes, in the store's order.
+	if r.scopes != nil {
+		byScope := map[scopeID][]int32{}
+		for _, at := range order {
+			byScope[r.nodes[at].scope] = append(byScope[r.nodes[at].scope], at)
+		}
+		if len(byScope) != len(r.scopes) {
+			t.Fatalf("%d scope lists, %d scopes hold refusal records", len(r.scopes), len(byScope))
+		}
+		for scope, l := range r.scopes {
+			var got []int32
+			prev := int32(none)
+			for at := l.head; at != none; at = r.nodes[at].own.next {
+				if r.nodes[at].own.prev != prev || r.nodes[at].scope != scope {
+					t.Fatalf("scope %x: node %d misplaced", scope, at)
+				}
+				got = append(got, at)
+				prev = at
+			}
+			if l.tail != prev || !slices.Equal(got, byScope[scope]) {
+				t.Fatalf("scope %x lists %v, want %v", scope, got, byScope[scope])
+			}
+		}
+	}
+	free := 0
+	for at := r.free; at != none; at = r.nodes[at].all.next {
+		if _, used := want[at]; used {
+			t.Fatalf("node %d is both free and in use", at)
+		}
+		free++
+	}
+	if free+r.n != len(r.nodes) {
+		t.Fatalf("%d nodes free, %d in use, %d in all", free, r.n, len(r.nodes))
 	}
 }
 

@@ -5,9 +5,27 @@
 // different keys rarely contend. Expired records and lapsed leases count as
 // absent at once; a janitor goroutine frees their memory later. The records
 // are bounded in number (Options.MaxKeys) and in bytes (Options.MaxBytes):
-// when full, expired records are swept first, and if that does not help
-// Reserve fails with storage.ErrFull. A live record is never evicted,
-// because forgetting one would let a retry run a second time.
+// when full, expired records are swept first, then the oldest refusal
+// records give way, and if that does not help Reserve fails with
+// storage.ErrFull. No other live record is ever evicted, because
+// forgetting one would let a retry run a second time.
+//
+// # Refusal records give way
+//
+// A completed record whose status is a refusal, 400-499, is kept and
+// replayed as any other, but it gives way under pressure: a new key that
+// finds the store full evicts the oldest refusal records (after the
+// expired ones) before Reserve answers storage.ErrFull, and one that
+// finds its scope past its share evicts the scope's own oldest refusal
+// record before storage.ErrScopeFull. A refused request did nothing, so
+// its retry running again cannot double an effect; records in flight and
+// records of any other status never give way. Otherwise requests the
+// upstream refuses (made-up credentials, each one a scope of its own,
+// sent to a path that answers 404) would fill the store and shut every
+// new key out. The store keeps its refusal records in lists, by age, in
+// a slab of nodes without pointers: a refusal record costs about 75 bytes
+// more (counted against MaxBytes), other records nothing, and a Reserve
+// under pressure evicts in constant time. EvictedRefusals counts them.
 //
 // # One client among many
 //
@@ -17,7 +35,8 @@
 // share binds only once the store is under pressure, holding half of
 // MaxKeys or half of MaxBytes: until then a heavy client takes what it
 // needs, since nobody else is short of room. Under pressure a scope past
-// its share gets storage.ErrScopeFull for new keys, and its completions
+// its share gets storage.ErrScopeFull for new keys (once its own refusal
+// records, if it has any, have given way), and its completions
 // keep status and headers without the body (as a response too large to
 // record is kept); other scopes go on up to their own share. So one scope
 // never holds much more than half the store, and the others always have
@@ -118,6 +137,12 @@ type Store struct {
 	sweepMu   sync.Mutex // one sweep at a time
 	lastSweep int64      // guarded by sweepMu; nanoseconds since base
 
+	// refusals lists the refusal records, which give way under pressure
+	// (refusal.go), when tracksRefusals.
+	refusals       refusals
+	tracksRefusals bool
+	evicted        atomic.Int64 // refusal records evicted
+
 	closeOnce   sync.Once
 	stop        chan struct{} // closed by Close
 	janitorDone chan struct{} // closed when the janitor has returned
@@ -166,10 +191,12 @@ func newStore(opts Options, base time.Time, elapsed func() time.Duration) *Store
 		maxScopeBytes: int64(float64(opts.MaxBytes) * min(1, float64(opts.MaxKeysPerScope)/float64(opts.MaxKeys))),
 		seed:          maphash.MakeSeed(),
 		// The first full store may sweep at once.
-		lastSweep:   -int64(minSweepGap),
-		stop:        make(chan struct{}),
-		janitorDone: make(chan struct{}),
+		lastSweep:      -int64(minSweepGap),
+		tracksRefusals: int64(opts.MaxKeys) <= maxRefusals,
+		stop:           make(chan struct{}),
+		janitorDone:    make(chan struct{}),
 	}
+	s.refusals.init(s.maxScope != 0)
 	for i := range s.shards {
 		s.shards[i].m = make(map[recordID]*entry)
 		s.scopes[i].m = make(map[scopeID]scopeUse)

@@ -49,6 +49,11 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 				s.count.Add(-1)
 				s.bytes.Add(-cost)
 				sh.mu.Unlock()
+				// The scope's own oldest refusal record gives way, if it
+				// has one; the key may have appeared meanwhile.
+				if s.evictRefusal(scope, true) {
+					continue
+				}
 				return storage.Reservation{}, storage.ErrScopeFull
 			}
 		}
@@ -60,6 +65,7 @@ func (s *Store) Reserve(_ context.Context, key storage.Key, fp []byte, lease tim
 			freed := old.footprint()
 			s.bytes.Add(cost - freed)
 			s.growScope(scope, cost-freed, false)
+			s.forgetRefusal(old)
 			old.wake()
 		}
 		sh.mu.Unlock()
@@ -80,23 +86,31 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 	// Encoded and counted outside the lock to keep the critical section
 	// short.
 	scope := s.scopeOf(key)
+	var extra int64 // a refusal record's place in the refusal lists
+	refused := s.tracksRefusals && refusal(resp.Status)
+	if refused {
+		extra = refusalCost
+	}
 	enc, detail := encodeRecord(resp)
-	cost := int64(cap(enc) + cap(detail))
+	cost := int64(cap(enc)+cap(detail)) + extra
 	if !s.grow(scope, cost) {
 		// No room for the body, in the store or, under pressure, in the
 		// scope's share. The request ran, so the record is kept all the
 		// same, as a response too large to record is: status and
 		// headers, the body omitted.
 		enc, detail = encodeRecord(&storage.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true, Detail: resp.Detail})
-		cost = int64(cap(enc) + cap(detail))
+		cost = int64(cap(enc)+cap(detail)) + extra
 		s.bytes.Add(cost)
 		s.growScope(scope, cost, false)
 	}
 	now := s.now()
-	err := s.fenced(key, token, func(_ *shard, _ recordID, e *entry) {
+	err := s.fenced(key, token, func(_ *shard, id recordID, e *entry) {
 		e.expires = after(now, ttl)
 		e.resp, e.detail = enc, detail
 		e.token = 0
+		if refused {
+			e.token = s.refusals.add(id, scope)
+		}
 		e.wake()
 	})
 	if err != nil {
@@ -202,6 +216,7 @@ func (s *Store) remove(sh *shard, id recordID, e *entry) {
 	s.count.Add(-1)
 	s.bytes.Add(-fp)
 	s.forgetScope(e.scope, 1, fp)
+	s.forgetRefusal(e)
 	e.wake()
 }
 

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,4 +129,86 @@ func TestStressOwnership(t *testing.T) {
 type lease struct {
 	token storage.Token
 	fp    int
+}
+
+// TestStressRefusalsGiveWay hammers a full store whose scopes bind, from
+// many goroutines, with new keys completed as refusals (404, 409, 422)
+// and as answers that did something (200, 201, 500), releases, renewals,
+// deletions of refusal records and sweeps. Records of other statuses are
+// never deleted and never expire here, so each must still replay at the
+// end: none gave way. The counts and the refusal lists must match the
+// records held.
+func TestStressRefusalsGiveWay(t *testing.T) {
+	const (
+		workers = 16
+		ops     = 3000
+		scopes  = 12
+		maxKeys = 4000
+	)
+	s := New(Options{MaxKeys: maxKeys, MaxKeysPerScope: maxKeys / 10, JanitorInterval: time.Millisecond})
+	defer s.Close()
+	ctx := t.Context()
+	// Mostly refusals: the records of other statuses, which never go,
+	// must not fill the store before the end.
+	statuses := []int{404, 404, 404, 409, 409, 409, 422, 422, 422, 422, 422, 422, 422, 422, 422, 422, 200, 201, 500}
+	fp := []byte("fp")
+
+	var mu sync.Mutex
+	kept := map[storage.Key]int{} // records that did something, and their status
+	var refusedKeys atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			var refused []storage.Key
+			for i := range ops {
+				// Some scopes busier than others, so that shares bind.
+				key := storage.Key{Scope: "stress-" + strconv.Itoa(r.IntN(1+r.IntN(scopes))), ID: fmt.Sprint(w, "-", i)}
+				res, err := s.Reserve(ctx, key, fp, time.Duration(1+r.IntN(20))*time.Millisecond)
+				switch {
+				case errors.Is(err, storage.ErrFull), errors.Is(err, storage.ErrScopeFull):
+					refusedKeys.Add(1)
+					continue
+				case err != nil || res.Outcome != storage.Acquired:
+					t.Errorf("Reserve of a new key: %v, %v", res.Outcome, err)
+					return
+				}
+				switch op := r.IntN(10); {
+				case op < 6:
+					st := statuses[r.IntN(len(statuses))]
+					if s.Complete(ctx, key, res.Token, &storage.Response{Status: st, Body: []byte(key.ID)}, time.Hour) != nil {
+						continue // the lease lapsed and was swept
+					}
+					if refusal(st) {
+						refused = append(refused, key)
+					} else {
+						mu.Lock()
+						kept[key] = st
+						mu.Unlock()
+					}
+				case op < 8:
+					s.Renew(ctx, key, res.Token, time.Duration(1+r.IntN(20))*time.Millisecond)
+				case op < 9:
+					s.Release(ctx, key, res.Token)
+				default:
+					if len(refused) > 0 {
+						s.Delete(ctx, refused[r.IntN(len(refused))])
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for key, st := range kept {
+		res, err := s.Reserve(ctx, key, fp, time.Minute)
+		if err != nil || res.Outcome != storage.Replay || res.Record.Response.Status != st {
+			t.Fatalf("a record of %d: %v, %v; want its replay (it never gives way)", st, res.Outcome, err)
+		}
+	}
+	if len(kept) == 0 || s.EvictedRefusals() == 0 {
+		t.Errorf("stress too weak: %d records of other statuses kept, %d refusal records evicted", len(kept), s.EvictedRefusals())
+	}
+	t.Logf("%d records of other statuses kept, %d refusal records evicted, %d held, %d new keys refused", len(kept), s.EvictedRefusals(), s.Len(), refusedKeys.Load())
+	s.Close() // the janitor stops: the store is idle
+	checkCount(t, s)
 }

@@ -39,8 +39,9 @@ func (s *Store) hasRoom(cost int64) bool {
 
 // makeRoom is called by Reserve, holding no lock, when the store has no
 // room for a record of cost bytes. It sweeps expired records unless
-// another sweep ran within minSweepGap, and reports whether there may be
-// room now.
+// another sweep ran within minSweepGap, then evicts the oldest refusal
+// records until there is room (refusal.go), and reports whether there may
+// be room now. Nothing else is ever evicted.
 func (s *Store) makeRoom(cost int64) bool {
 	s.sweepMu.Lock()
 	defer s.sweepMu.Unlock()
@@ -48,11 +49,15 @@ func (s *Store) makeRoom(cost int64) bool {
 	if s.hasRoom(cost) {
 		return true
 	}
-	if s.now()-s.lastSweep < int64(minSweepGap) {
-		return false
+	if s.now()-s.lastSweep >= int64(minSweepGap) {
+		s.sweepLocked()
 	}
-	s.sweepLocked()
-	return s.hasRoom(cost)
+	for !s.hasRoom(cost) {
+		if !s.evictRefusal(0, false) {
+			return false
+		}
+	}
+	return true
 }
 
 // sweep deletes every expired record and lapsed lease.
@@ -75,6 +80,7 @@ func (s *Store) sweepLocked() {
 				delete(sh.m, key)
 				fp := e.footprint()
 				s.forgetScope(e.scope, 1, fp)
+				s.forgetRefusal(e)
 				e.wake()
 				n++
 				bytes += fp

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -223,6 +224,36 @@ func ParseAddresses(entries []string) (addrs []string, useTLS bool, err error) {
 // NewClient builds the go-redis client o describes. It connects lazily:
 // building one never touches the network.
 func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
+	return newClient(o, false)
+}
+
+// renewPoolSize is the most connections per node of a client that
+// NewRenewClient builds: the Store sends one pipeline per node and batch
+// of renewals, so one connection per node carries them, and a few more
+// let a batch go out while an earlier one still waits for a slow reply.
+const renewPoolSize = 4
+
+// NewRenewClient builds a client for the Store's lease renewals
+// (Options.RenewClient) to the deployment o describes: connections of its
+// own, at most 4 per node whatever o.PoolSize says, so that
+// renewals never queue behind reservations and completions nor wait for
+// one of their pooled connections.
+//
+// It has no socket timeout of its own: the deadline of each batch's
+// context is its connection's read and write deadline, so a reply that
+// comes late, but within what the caller allows, never costs the
+// connection (go-redis closes a connection whose read timed out, and the
+// next batch would pay for a new one: a dial, the handshake, and only
+// then its command). Commands sent without a deadline (go-redis's own,
+// such as a Cluster's reload of its slot map) get o.Timeout. Like
+// NewClient, it connects lazily.
+func NewRenewClient(o ClientOptions) (goredis.UniversalClient, error) {
+	return newClient(o, true)
+}
+
+// newClient builds the client o describes; with renew, the one
+// NewRenewClient describes.
+func newClient(o ClientOptions, renew bool) (goredis.UniversalClient, error) {
 	if err := o.Check(); err != nil {
 		return nil, err
 	}
@@ -231,6 +262,16 @@ func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
 	tlsConfig, err := o.tlsConfig()
 	if err != nil {
 		return nil, err
+	}
+	// The read and write timeouts of each command, and the pool's size
+	// (0: go-redis's default).
+	rwTimeout, poolSize := timeout, o.PoolSize
+	var hook goredis.Hook
+	if renew {
+		// -1: no timeout of the client's own; the context's deadline
+		// is the socket's (ContextTimeoutEnabled).
+		rwTimeout, poolSize = -1, renewPoolSize
+		hook = defaultDeadline(timeout)
 	}
 	if len(o.Addrs) == 0 {
 		u := o.url()
@@ -247,8 +288,8 @@ func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
 		if o.Password != "" {
 			opt.Password = o.Password
 		}
-		if o.PoolSize > 0 {
-			opt.PoolSize = o.PoolSize
+		if poolSize > 0 {
+			opt.PoolSize = poolSize
 		}
 		if o.DialTimeout > 0 || opt.DialTimeout == 0 {
 			opt.DialTimeout = dialTimeout
@@ -256,10 +297,14 @@ func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
 		if tlsConfig != nil {
 			opt.TLSConfig = withServerName(tlsConfig, opt.TLSConfig, opt.Addr)
 		}
-		opt.ReadTimeout, opt.WriteTimeout = timeout, timeout
+		opt.ReadTimeout, opt.WriteTimeout = rwTimeout, rwTimeout
 		opt.ContextTimeoutEnabled = true
 		opt.DialerRetries = 1
-		return goredis.NewClient(opt), nil
+		c := goredis.NewClient(opt)
+		if hook != nil {
+			c.AddHook(hook)
+		}
+		return c, nil
 	}
 	addrs, useTLS, _ := ParseAddresses(o.Addrs) // checked
 	opt := &goredis.UniversalOptions{
@@ -269,10 +314,10 @@ func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
 		Password:         o.Password,
 		SentinelUsername: o.SentinelUsername,
 		SentinelPassword: o.SentinelPassword,
-		PoolSize:         o.PoolSize,
+		PoolSize:         poolSize,
 		DialTimeout:      dialTimeout,
-		ReadTimeout:      timeout,
-		WriteTimeout:     timeout,
+		ReadTimeout:      rwTimeout,
+		WriteTimeout:     rwTimeout,
 		// The store bounds each operation with a context deadline
 		// (timeout); the client must honour it on the socket too.
 		ContextTimeoutEnabled: true,
@@ -289,7 +334,52 @@ func NewClient(o ClientOptions) (goredis.UniversalClient, error) {
 		// host it is dialled as.
 		opt.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	return goredis.NewUniversalClient(opt), nil
+	if hook == nil {
+		return goredis.NewUniversalClient(opt), nil
+	}
+	if opt.MasterName == "" && len(opt.Addrs) > 1 {
+		// A Cluster: the hook goes on every node's client, where
+		// go-redis sends its own commands (CLUSTER SLOTS) too.
+		co := opt.Cluster()
+		co.NewClient = func(o *goredis.Options) *goredis.Client {
+			c := goredis.NewClient(o)
+			c.AddHook(hook)
+			return c
+		}
+		return goredis.NewClusterClient(co), nil
+	}
+	c := goredis.NewUniversalClient(opt)
+	c.AddHook(hook)
+	return c, nil
+}
+
+// defaultDeadline is a hook that gives a command or pipeline sent without
+// a context deadline the deadline d from now: the bound of a client whose
+// sockets have no timeout of their own (NewRenewClient).
+type defaultDeadline time.Duration
+
+func (defaultDeadline) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (d defaultDeadline) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if _, ok := ctx.Deadline(); ok {
+			return next(ctx, cmd)
+		}
+		ctx, cancel := context.WithTimeout(ctx, time.Duration(d))
+		defer cancel()
+		return next(ctx, cmd)
+	}
+}
+
+func (d defaultDeadline) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if _, ok := ctx.Deadline(); ok {
+			return next(ctx, cmds)
+		}
+		ctx, cancel := context.WithTimeout(ctx, time.Duration(d))
+		defer cancel()
+		return next(ctx, cmds)
+	}
 }
 
 // tlsConfig builds the TLS configuration of the file options on top of

@@ -103,6 +103,53 @@ func TestClientKinds(t *testing.T) {
 	})
 }
 
+// TestRenewClientKinds: the renewal client reaches the deployment the
+// store's client does, with the same credentials and TLS, on a pool of
+// its own of four connections per node whatever pool_size says, and with
+// no socket timeout of its own (0 once go-redis has read the -1 it is
+// given): a batch's deadline is its socket's.
+func TestRenewClientKinds(t *testing.T) {
+	build := func(t *testing.T, o redis.ClientOptions) goredis.UniversalClient {
+		t.Helper()
+		c, err := redis.NewRenewClient(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	t.Run("single node", func(t *testing.T) {
+		o := build(t, redis.ClientOptions{URL: "rediss://cache.example:6380/2", Username: "u", Password: "p", PoolSize: 50, Timeout: 5 * time.Second}).(*goredis.Client).Options()
+		if o.Addr != "cache.example:6380" || o.DB != 2 || o.Username != "u" || o.Password != "p" || o.TLSConfig == nil || o.TLSConfig.ServerName != "cache.example" {
+			t.Errorf("options %+v", o)
+		}
+		if o.PoolSize != 4 || o.ReadTimeout != 0 || o.WriteTimeout != 0 || !o.ContextTimeoutEnabled {
+			t.Errorf("pool %d, timeouts read %v write %v, context %v; want 4, none, none, true", o.PoolSize, o.ReadTimeout, o.WriteTimeout, o.ContextTimeoutEnabled)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c, ok := build(t, redis.ClientOptions{Addrs: []string{"n1:7000", "n2:7000"}, Password: "p"}).(*goredis.ClusterClient)
+		if !ok {
+			t.Fatalf("client %T, want *redis.ClusterClient", c)
+		}
+		o := c.Options()
+		if !reflect.DeepEqual(o.Addrs, []string{"n1:7000", "n2:7000"}) || o.Password != "p" || o.PoolSize != 4 || o.ReadTimeout != 0 || !o.ContextTimeoutEnabled {
+			t.Errorf("options %+v", o)
+		}
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		o := build(t, redis.ClientOptions{Addrs: []string{"s1:26379"}, MasterName: "m"}).(*goredis.Client).Options()
+		if o.PoolSize != 4 || o.ReadTimeout != 0 {
+			t.Errorf("pool %d, read timeout %v", o.PoolSize, o.ReadTimeout)
+		}
+	})
+	t.Run("checked as the store's client is", func(t *testing.T) {
+		if _, err := redis.NewRenewClient(redis.ClientOptions{MasterName: "m"}); err == nil {
+			t.Error("options Check refuses were taken")
+		}
+	})
+}
+
 func TestWhereNamesNoCredentials(t *testing.T) {
 	for o, want := range map[*redis.ClientOptions]string{
 		{URL: "redis://user:s3cret@cache:6380/2?dial_timeout=3s"}: "redis://cache:6380/2",

@@ -22,7 +22,11 @@ func TestCluster(t *testing.T) {
 	}
 	addrs := redistest.StartCluster(t, 3)
 	newStore := func(prefix string) *Store {
-		s := New(goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs}), Options{KeyPrefix: prefix})
+		renew, err := NewRenewClient(ClientOptions{Addrs: addrs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := New(goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs}), Options{KeyPrefix: prefix, RenewClient: renew})
 		t.Cleanup(func() { s.Close() })
 		return s
 	}
@@ -47,6 +51,42 @@ func TestCluster(t *testing.T) {
 			if n == 0 {
 				t.Errorf("node %s holds no record: %v", addr, counts)
 			}
+		}
+	})
+
+	// One batch of renewals is one pipeline per node, sent to the nodes
+	// in parallel, whatever the number of leases: three round trips for
+	// 3,000 leases on three nodes, each node running the renewals of the
+	// records it holds.
+	t.Run("RenewBatchIsOneRoundTripPerNode", func(t *testing.T) {
+		s := newStore(testPrefix())
+		const n = 3000
+		batch := acquireMany(t, s, n, time.Minute, 10*time.Minute)
+		// Warm up: each node's connection, and the script (NOSCRIPT, then
+		// EVAL, on nodes that never ran it).
+		renewAll(t, s, batch, time.Minute)
+		nodes := make([]*goredis.Client, len(addrs))
+		before := make([]int64, len(addrs))
+		for i, addr := range addrs {
+			nodes[i] = adminClient(t, addr)
+			before[i] = evalshaCalls(t, nodes[i])
+		}
+		trips := s.RenewalRoundTrips()
+		renewAll(t, s, batch, time.Minute)
+		if d := s.RenewalRoundTrips() - trips; d != int64(len(addrs)) {
+			t.Errorf("%d leases on %d nodes renewed in %d round trips, want one per node", n, len(addrs), d)
+		}
+		var sum int64
+		for i, node := range nodes {
+			d := evalshaCalls(t, node) - before[i]
+			if d == 0 {
+				t.Errorf("node %s renewed none of %d leases", addrs[i], n)
+			}
+			sum += d
+			t.Logf("node %s: %d renewals", addrs[i], d)
+		}
+		if sum != n {
+			t.Errorf("the nodes ran %d EVALSHA for %d leases", sum, n)
 		}
 	})
 

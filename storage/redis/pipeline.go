@@ -141,13 +141,25 @@ func (p *pipeliner) flush(batch []*call) {
 		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
+	// The script cache was flushed (or a failover happened): the
+	// commands that met NOSCRIPT go again as EVAL, which loads the
+	// script again, together in one more pipeline rather than one round
+	// trip each (on a Redis 30 ms away, a batch of a hundred would
+	// otherwise take six seconds).
+	var again goredis.Pipeliner
+	for i, c := range batch {
+		if goredis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
+			if again == nil {
+				again = p.client.Pipeline()
+			}
+			cmds[i] = c.script.Eval(ctx, again, c.keys, c.args...)
+		}
+	}
+	if again != nil {
+		_, _ = again.Exec(ctx)
+	}
 	for i, c := range batch {
 		c.val, c.err = cmds[i].Result()
-		if c.err != nil && goredis.HasErrorPrefix(c.err, "NOSCRIPT") {
-			// The script cache was flushed (or a failover happened): Run
-			// falls back to EVAL, which loads it again.
-			c.val, c.err = c.script.Run(c.ctx, p.client, c.keys, c.args...).Result()
-		}
 		close(c.done)
 	}
 }

@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,5 +133,62 @@ func TestCallersReturnAtTheirOwnDeadline(t *testing.T) {
 	p.flush([]*call{c})
 	if !errors.Is(c.err, context.Canceled) {
 		t.Fatalf("flush of a cancelled call: %v, want context.Canceled", c.err)
+	}
+}
+
+// roundTrips is a go-redis hook counting the commands and the pipelines
+// of scripts a client sends: a round trip each. A new connection's
+// handshake (HELLO, CLIENT SETINFO) is not counted.
+type roundTrips struct{ n atomic.Int64 }
+
+func isScript(cmd goredis.Cmder) bool {
+	name := cmd.Name()
+	return name == "evalsha" || name == "eval" || name == "script"
+}
+
+func (h *roundTrips) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h *roundTrips) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if isScript(cmd) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *roundTrips) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if len(cmds) > 0 && isScript(cmds[0]) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestABatchThatMetNoscriptIsSentAgainInOnePipeline: after the server
+// forgot the script (SCRIPT FLUSH, a failover), the commands of a batch
+// that met NOSCRIPT go again as EVAL in one more pipeline: two round
+// trips for the batch, not one more (or two: EVALSHA, then EVAL) for
+// each of its commands.
+func TestABatchThatMetNoscriptIsSentAgainInOnePipeline(t *testing.T) {
+	srv := redistest.StartServer(t)
+	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer client.Close()
+	trips := new(roundTrips)
+	client.AddHook(trips)
+	p := newPipeliner(client)
+	defer p.close()
+
+	batch := make([]*call, 100)
+	for i := range batch {
+		batch[i] = newCall(t.Context(), fmt.Sprint(i))
+	}
+	p.flush(batch)
+	for i, c := range batch {
+		if c.err != nil || c.val != fmt.Sprint(i) {
+			t.Fatalf("call %d: %v, %v", i, c.val, c.err)
+		}
+	}
+	if n := trips.n.Load(); n != 2 {
+		t.Fatalf("a batch of %d calls for a script the server did not know took %d round trips, want 2", len(batch), n)
 	}
 }

@@ -11,6 +11,12 @@
 // replay, the recorded response), and never ships a body it does not need
 // (Mismatch, Conflict, Get without the body).
 //
+// The scripts of concurrent operations share pipelines (pipeline.go).
+// Lease renewals take a path of their own (renew.go): RenewBatch sends
+// the renewals of every lease due as one pipeline, which costs one round
+// trip per node whatever their number, through a client of their own
+// (Options.RenewClient) whose sockets wait as long as the caller allows.
+//
 // # Data layout
 //
 // One Redis hash per record, under KeyPrefix plus the hex of the first 16
@@ -45,12 +51,14 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -81,8 +89,18 @@ type Options struct {
 	// Timeout bounds each operation, retries and reconnection included,
 	// when the caller's context has no earlier deadline; zero leaves only
 	// the client's own timeouts. It has effect on socket reads and writes
-	// only when the client has ContextTimeoutEnabled.
+	// only when the client has ContextTimeoutEnabled. RenewBatch takes
+	// its caller's deadline instead, however long, and this one only
+	// when the caller gives none.
 	Timeout time.Duration
+
+	// RenewClient is the client RenewBatch sends lease renewals through:
+	// the same deployment as the Store's client, on connections of its
+	// own, so that renewals never queue behind reservations and
+	// completions (build it with NewRenewClient). The Store takes
+	// ownership of it: Close closes it. Nil: renewals share the Store's
+	// client (still one pipeline per node and batch).
+	RenewClient goredis.UniversalClient
 }
 
 // Check reports what is wrong with o. A KeyPrefix must not hold a brace:
@@ -103,52 +121,70 @@ func (o Options) Check() error {
 // Close closes it.
 type Store struct {
 	client  goredis.UniversalClient
+	renewer goredis.UniversalClient // RenewBatch's client: Options.RenewClient, or client
 	prefix  string
 	timeout time.Duration
 	hub     *hub
 	pipe    *pipeliner
 	invalid error // why the options are refused; nil when they are not
 
+	renewTrips atomic.Int64 // pipelines of renewals sent to a node
+
 	closeOnce sync.Once
 	closeErr  error
 }
 
 var (
-	_ storage.Store  = (*Store)(nil)
-	_ storage.Waiter = (*Store)(nil)
-	_ storage.Pinger = (*Store)(nil)
+	_ storage.Store        = (*Store)(nil)
+	_ storage.Waiter       = (*Store)(nil)
+	_ storage.Pinger       = (*Store)(nil)
+	_ storage.BatchRenewer = (*Store)(nil)
 )
 
 // New returns a Store that keeps its records through client and takes
-// ownership of it. It does not talk to Redis: the first operation
-// connects, so New succeeds while Redis is down. Check opts first: with
-// options that Options.Check refuses, every operation fails with that
-// error, wrapping storage.ErrInvalid.
+// ownership of it, and of opts.RenewClient. It does not talk to Redis:
+// the first operation connects, so New succeeds while Redis is down.
+// Check opts first: with options that Options.Check refuses, every
+// operation fails with that error, wrapping storage.ErrInvalid.
+//
+// The Caddy module builds its store as
+//
+//	client, _ := NewClient(o)
+//	renew, _ := NewRenewClient(o)
+//	s := New(client, Options{KeyPrefix: prefix, Timeout: o.Timeout, RenewClient: renew})
 func New(client goredis.UniversalClient, opts Options) *Store {
 	if opts.KeyPrefix == "" {
 		opts.KeyPrefix = DefaultKeyPrefix
 	}
 	s := &Store{
 		client:  client,
+		renewer: client,
 		prefix:  opts.KeyPrefix,
 		timeout: opts.Timeout,
 		hub:     newHub(client),
 		pipe:    newPipeliner(client),
 	}
+	if opts.RenewClient != nil {
+		s.renewer = opts.RenewClient
+	}
 	if err := opts.Check(); err != nil {
 		s.invalid = fmt.Errorf("%w: %w", storage.ErrInvalid, err)
 	}
+	countRenewalTrips(s.renewer, &s.renewTrips)
 	return s
 }
 
 // Close stops waiting requests (their Wait returns an error), closes the
-// pub/sub connection and the client. It is idempotent: later calls return
+// pub/sub connection, the client and the renewal client. It is idempotent: later calls return
 // the first call's result. Operations after Close fail.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.hub.close()
 		s.pipe.close()
 		s.closeErr = s.client.Close()
+		if s.renewer != s.client {
+			s.closeErr = cmp.Or(s.closeErr, s.renewer.Close())
+		}
 	})
 	return s.closeErr
 }

@@ -26,12 +26,20 @@ func testPrefix() string {
 }
 
 // newTestStore returns a store on the Redis at addr (which must answer),
-// closed when the test ends.
+// renewing on a client of its own as the Caddy module's does, closed when
+// the test ends.
 func newTestStore(t testing.TB, addr string, opts Options) *Store {
 	t.Helper()
 	redistest.Require(t, addr)
 	if opts.KeyPrefix == "" {
 		opts.KeyPrefix = testPrefix()
+	}
+	if opts.RenewClient == nil {
+		renew, err := NewRenewClient(ClientOptions{URL: addr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.RenewClient = renew
 	}
 	s := New(goredis.NewClient(&goredis.Options{Addr: addr}), opts)
 	t.Cleanup(func() { s.Close() })

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -24,11 +25,19 @@ func TestSentinel(t *testing.T) {
 	}
 	sentinel := redistest.StartSentinel(t, "sentinel-secret")
 	newStore := func(prefix string) *Store {
+		renew, err := NewRenewClient(ClientOptions{
+			Addrs:            []string{sentinel.Addr},
+			MasterName:       sentinel.MasterName,
+			SentinelPassword: sentinel.Password,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
 		s := New(goredis.NewFailoverClient(&goredis.FailoverOptions{
 			MasterName:       sentinel.MasterName,
 			SentinelAddrs:    []string{sentinel.Addr},
 			SentinelPassword: sentinel.Password,
-		}), Options{KeyPrefix: prefix})
+		}), Options{KeyPrefix: prefix, RenewClient: renew})
 		t.Cleanup(func() { s.Close() })
 		return s
 	}
@@ -81,6 +90,22 @@ func TestSentinel(t *testing.T) {
 				t.Fatalf("no reservation on the new primary within a minute: %v", err)
 			}
 			time.Sleep(100 * time.Millisecond)
+		}
+		// Renewals follow the failover too, on their own client: it
+		// learns of the switch from the Sentinel as well (until then a
+		// batch may meet the demoted primary).
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			batch := []storage.Renewal{{Key: acquired, Token: token, Lease: time.Minute}}
+			err := s.RenewBatch(ctx, batch)
+			if err == nil && batch[0].Err == nil {
+				break
+			}
+			if err == nil && errors.Is(batch[0].Err, storage.ErrLeaseLost) {
+				t.Fatal("RenewBatch on the new primary: the lease is lost")
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no renewal on the new primary within a minute: %v, %v", err, batch[0].Err)
+			}
 		}
 		if err := s.Complete(ctx, acquired, token, textResponse("second"), time.Hour); err != nil {
 			t.Fatalf("Complete on the new primary: %v", err)
