@@ -89,8 +89,24 @@ type Options struct {
 	// waiting for a pooled connection included, when the caller's context
 	// has no earlier deadline. Zero leaves only the caller's context. A
 	// statement that runs out of time is cancelled on the server too (see
-	// NewPoolConfig).
 	Timeout time.Duration
+
+	// LockWait bounds how long a reservation, a completion or a release
+	// waits for a row that another transaction holds (an operator's open
+	// transaction, a client's concurrent retry, a stuck session) before
+	// it gives up with an error wrapping storage.ErrBusy: that key's
+	// request is answered at once, the statements batched with it run
+	// again without it, and other keys never wait behind it. A row that
+	// one of the store's own statements holds is held for a round trip
+	// and a commit, milliseconds; one held far longer is held by someone
+	// who will not let go within the request's Timeout. Zero or
+	// negative: a quarter of Timeout, which leaves the statements
+	// batched with a locked row three quarters of their time to run
+	// again, but at least 50ms (so that a busy server's own commits are
+	// not mistaken for a stuck row) and at most 500ms (500ms without a
+	// Timeout). Waits for the table itself (a migration's lock) are not
+	// bounded by it: they end with Timeout, as an outage.
+	LockWait time.Duration
 
 	// ScanTimeout bounds GetByHash and DeleteByHash, which compute the
 	// key hash of every live row (a scan of the table, for an operator's
@@ -103,6 +119,21 @@ type Options struct {
 	// rows deleted and the error, ErrCleanupLocked when another store was
 	// cleaning. It runs on the cleanup goroutine.
 	OnCleanup func(deleted int64, err error)
+}
+
+// Lock waits the store chooses when Options.LockWait is not set (see
+// there).
+const (
+	minLockWait = 50 * time.Millisecond
+	maxLockWait = 500 * time.Millisecond
+)
+
+// lockWaitFor is the default lock wait of a store with the given Timeout.
+func lockWaitFor(timeout time.Duration) time.Duration {
+	if timeout <= 0 {
+		return maxLockWait
+	}
+	return min(max(timeout/4, minLockWait), maxLockWait)
 }
 
 // Store is a storage.Store on a PostgreSQL table. Create it with New and
@@ -179,19 +210,30 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 			opts.ScanTimeout = 10 * min(opts.Timeout, MaxDuration/10)
 		}
 	}
+	if opts.LockWait <= 0 {
+		opts.LockWait = lockWaitFor(opts.Timeout)
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &Store{
 		pool:        pool,
 		table:       table,
 		opts:        opts,
-		sql:         newStatements(table),
+		sql:         newStatements(table, opts.LockWait),
 		ddlLock:     lockKey("ddl", table),
 		cleanupLock: lockKey("cleanup", table),
 		stop:        stop,
 		cleanupDone: make(chan struct{}),
 		pinned:      pins(pool),
 	}
-	s.reserves.s, s.completes.s = s, s
+	// Batches in flight at once, of each kind: several, so that a batch
+	// held on a locked row (for at most LockWait) never holds up the
+	// statements that come after it, and half the pool each, so that
+	// reserves and completions together never ask for more connections
+	// than it has (a batch holds one while it runs; the statements that go
+	// alone, releases and second reads, share the pool with them).
+	senders := max(1, int(pool.Config().MaxConns)/2)
+	s.reserves.s, s.reserves.maxSenders = s, senders
+	s.completes.s, s.completes.maxSenders = s, senders
 	go s.cleanupLoop(ctx)
 	return s, nil
 }
