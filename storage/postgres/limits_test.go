@@ -30,6 +30,10 @@ func TestHugeDurationsSaturate(t *testing.T) {
 	tok := acquire(t, s, running, fpA, huge)
 	wantOutcome(t, s, running, fpA, storage.Conflict)
 	ok(t, s.Renew(ctx, running, tok, huge))
+	batch := []storage.Renewal{{Key: running, Token: tok, Lease: huge}}
+	if err := s.RenewBatch(ctx, batch); err != nil || batch[0].Err != nil {
+		t.Fatalf("RenewBatch of a lease of %v: %v, %v", huge, err, batch[0].Err)
+	}
 	rec, err := s.Get(ctx, running, false)
 	ok(t, err)
 	far("the lease's end", rec.ExpiresAt)

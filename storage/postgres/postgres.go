@@ -89,6 +89,9 @@ type Options struct {
 	// waiting for a pooled connection included, when the caller's context
 	// has no earlier deadline. Zero leaves only the caller's context. A
 	// statement that runs out of time is cancelled on the server too (see
+	// NewPoolConfig). RenewBatch, which renews every lease due at once,
+	// takes the caller's deadline even when it is longer, and Timeout
+	// only when the caller's context has none.
 	Timeout time.Duration
 
 	// LockWait bounds how long a reservation, a completion or a release
@@ -136,6 +139,11 @@ func lockWaitFor(timeout time.Duration) time.Duration {
 	return min(max(timeout/4, minLockWait), maxLockWait)
 }
 
+// renewalConns is the size of the pool of lease renewals (see
+// RenewBatch): one tick's statement, and the next tick's while a late one
+// is still out.
+const renewalConns = 2
+
 // Store is a storage.Store on a PostgreSQL table. Create it with New and
 // release it with Close.
 type Store struct {
@@ -143,6 +151,12 @@ type Store struct {
 	table string // sanitized, ready to interpolate
 	opts  Options
 	sql   statements
+
+	// renewals is the pool of RenewBatch alone, so that renewals never
+	// wait behind reserves and completions for a connection;
+	// renewalRoundTrips counts the pipelines it sent.
+	renewals          *pgxpool.Pool
+	renewalRoundTrips atomic.Int64
 
 	// schemaAttempt is the DDL run in progress, if any (guarded by
 	// schemaMu); schemaReady skips the DDL once it succeeded.
@@ -181,9 +195,11 @@ var _ storage.Store = (*Store)(nil)
 var ErrCleanupLocked = errors.New("postgres cleanup: another instance holds the cleanup lock")
 
 // New returns a Store on pool and starts its cleanup goroutine. The store
-// owns pool from then on: Close closes it. New does not connect. With
-// CreateTable the table is created on first use, and again on the next use
-// if that fails; without, a missing table is an error of every operation.
+// owns pool from then on: Close closes it. It also makes a second pool of
+// two connections from pool's configuration, for lease renewals alone
+// (see RenewBatch). New does not connect. With CreateTable the table is
+// created on first use, and again on the next use if that fails; without,
+// a missing table is an error of every operation.
 func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("postgres: nil pool")
@@ -213,9 +229,16 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if opts.LockWait <= 0 {
 		opts.LockWait = lockWaitFor(opts.Timeout)
 	}
+	rcfg := pool.Config()
+	rcfg.MaxConns, rcfg.MinConns, rcfg.MinIdleConns = renewalConns, 0, 0
+	renewals, err := pgxpool.NewWithConfig(context.Background(), rcfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: the pool of lease renewals: %w", err)
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &Store{
 		pool:        pool,
+		renewals:    renewals,
 		table:       table,
 		opts:        opts,
 		sql:         newStatements(table, opts.LockWait),
@@ -246,6 +269,7 @@ func (s *Store) Close() error {
 		s.stop()
 		<-s.cleanupDone
 		s.pool.Close()
+		s.renewals.Close()
 	})
 	return nil
 }
