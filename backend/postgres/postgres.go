@@ -99,7 +99,7 @@ type Storage struct {
 	// statement that runs out of time is cancelled on the server too.
 	// A wait for one row that another transaction holds ends sooner, at a
 	// quarter of it (between 50ms and 500ms), and refuses that key's
-	// request alone, never under on_storage_error. Admin lookups by
+	// request alone, whatever on_storage_error says. Admin lookups by
 	// key_hash (a scan of the table) get ten times as long. Between 10ms
 	// and 1m. Default: 2s.
 	Timeout caddy.Duration `json:"timeout,omitempty"`

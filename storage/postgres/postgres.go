@@ -21,6 +21,13 @@
 // (see errors.go). Keys it cannot index are refused (storage.KeyLimiter),
 // and durations saturate at MaxDuration.
 //
+// Reserves and completions waiting at the same moment share one commit
+// (batch.go), several batches in flight at once; a statement waits for a
+// row another transaction holds for at most Options.LockWait, and then
+// fails for its key alone with storage.ErrBusy. The leases of running
+// requests are renewed all at once, in one statement over arrays, on
+// connections of their own (storage.BatchRenewer, see renew.go).
+//
 // Waiting requests share one poll per key (storage.Waiter, see wait.go);
 // LISTEN/NOTIFY was rejected, for the reasons given there.
 //
