@@ -263,16 +263,19 @@ func holdRow(t *testing.T, dsn string, s *postgres.Store, key storage.Key) (rele
 // open BEGIN) holds the rows of two keys while 90 requests for new keys
 // reserve and complete, and requests for the held keys reserve (an
 // expired record to take over), complete and release (a running request's
-// own). On a store as the Caddy module makes it (NewPoolConfig, a 2s
-// timeout), every one of the 90 succeeds, and all of it happens while the
-// outside transaction still holds its rows: nobody waited for it to end.
-// Each request for a held key is answered with an error wrapping
-// storage.ErrBusy once it has waited the lock wait, never an outage
-// (fail_open must not run it), and the keys work once the rows are let go.
+// own). On a pool as the Caddy module makes it (NewPoolConfig, 16
+// connections), every one of the 90 succeeds, and all of it happens while
+// the outside transaction still holds its rows: nobody waited for it to
+// end. Each request for a held key is answered with an error wrapping
+// storage.ErrBusy once it has waited the lock wait (the default, 500ms),
+// never an outage (fail_open must not run it), and the keys work once the
+// rows are let go. The store has no Timeout, so that a loaded machine
+// cannot fail a request on time: a request held until the rows are let go
+// would never return.
 func TestALockedRowBusiesOnlyItsKey(t *testing.T) {
 	const n = 90
 	dsn := pgtest.Require(t)
-	s := openStore(t, pinnedPool(t, dsn, 16), postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true, Timeout: 2 * time.Second})
+	s := openStore(t, pinnedPool(t, dsn, 16), postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true})
 	expired := storage.Key{Scope: "held", ID: "expired"}
 	completed(t, s, expired, time.Hour)
 	pgtest.Exec(t, dsn, `UPDATE `+s.Table()+` SET expires_at = now() - interval '1 second' WHERE key = 'expired'`)
