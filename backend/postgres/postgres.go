@@ -84,7 +84,9 @@ type Storage struct {
 	CleanupInterval caddy.Duration `json:"cleanup_interval,omitempty"`
 
 	// The most connections this configuration opens to the database, on
-	// every instance. A request holds one only while a statement runs.
+	// every instance, for reserves, completions and releases; lease
+	// renewals have two more of their own, so that a burst of requests
+	// never delays them. A request holds one only while a statement runs.
 	// Default: the DSN's pool_max_conns, else the greater of 16 and twice
 	// the number of CPUs (pgx's own default of 4 on a small machine let
 	// only four new keys reserve at a time).
@@ -95,8 +97,11 @@ type Storage struct {
 	// on_storage_error treatment: a table locked by a migration or a
 	// network partition then costs requests this long at most. A
 	// statement that runs out of time is cancelled on the server too.
-	// Admin lookups by key_hash (a scan of the table) get ten times as
-	// long. Between 10ms and 1m. Default: 2s.
+	// A wait for one row that another transaction holds ends sooner, at a
+	// quarter of it (between 50ms and 500ms), and refuses that key's
+	// request alone, whatever on_storage_error says. Admin lookups by
+	// key_hash (a scan of the table) get ten times as long. Between 10ms
+	// and 1m. Default: 2s.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	// Keep completed records in this process too, so that replays skip

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
 // A new key costs two durable commits (its reservation, then its record),
@@ -20,27 +22,42 @@ import (
 // of one kind (reserves, or completions) that are waiting at the same
 // moment as one pipeline, which PostgreSQL runs as one implicit
 // transaction: one round trip, one commit, one flush for the batch. A
-// batch is sent as soon as the previous one is back, so that an idle
-// store adds no delay (a request alone is a batch of one) and a busy one
+// request that finds a sender free and nobody queued sends its own
+// statement at once, so that an idle store adds no delay (a request alone
+// is a batch of one); the requests that come while every sender is busy
+// queue, and the next sender free takes them all, so that a busy store
 // amortises its flushes.
+//
+// Several batches of a kind may be in flight at once (maxSenders, half
+// the pool), and every pipeline starts with the guard (statements.guard),
+// which bounds each statement's wait for a row another transaction holds
+// to the store's lock wait: a batch that meets such a row is held for that
+// long at most, and never holds up the statements that come after it,
+// which go out in other batches meanwhile.
 //
 // The guarantees of the single statements hold:
 //
 //   - One winner per key: the statements run one after the other in the
 //     transaction, each with a new snapshot (READ COMMITTED), so a second
 //     reserve of a key in the same batch sees the first's row, in flight,
-//     and answers Conflict. Fencing is each statement's own (the token in
-//     its WHERE).
+//     and answers Conflict; one in another batch waits for the first
+//     batch's row lock, then sees its row. Fencing is each statement's
+//     own (the token in its WHERE).
 //   - No deadlock between batches: each batch takes its rows in the order
 //     of (scope, key), as every other batch does, and a single statement
 //     holds one row.
 //   - A batch's result counts only once it committed. A batch the server
 //     refused (a statement failed, so the transaction rolled back) changed
 //     nothing: each of its statements runs again on its own, as before
-//     batching, and meets what it would have met alone. A batch whose
-//     outcome is unknown (the connection broke, the deadline passed) is
-//     that error for each of its statements, as the statement alone would
-//     have been.
+//     batching, and meets what it would have met alone. A statement that
+//     waited for a locked row for the lock wait (lock_not_available) is
+//     the culprit: its request gets an error wrapping storage.ErrBusy at
+//     once, without running again (it would only wait again), and the
+//     other statements of its batch, rolled back with it, queue again for
+//     the next batch, with the time their requests have left. A batch
+//     whose outcome is unknown (the connection broke, the deadline passed)
+//     is that error for each of its statements, as the statement alone
+//     would have been.
 //   - Deadlines and cancellation stay per request: a request stops waiting
 //     at its own deadline (its statement's outcome is then unknown, as a
 //     statement cut off by its deadline is); the batch runs until the
@@ -58,6 +75,7 @@ type batchItem struct {
 	deadline time.Time
 
 	sent   *sentBatch    // the batch it went out in; nil while queued (guarded by batcher.mu)
+	gone   bool          // its request stopped waiting (guarded by batcher.mu)
 	result error         // read's error, errBatchRolledBack, or the batch's error
 	done   chan struct{} // closed once result is set
 }
@@ -73,50 +91,48 @@ type sentBatch struct {
 // statements changed anything; each runs again on its own.
 var errBatchRolledBack = errors.New("postgres: batch rolled back")
 
-// batcher sends the statements of one kind, a batch at a time, from a
-// goroutine that lives while there is a batch to send.
+// batcher sends the statements of one kind, in batches, from at most
+// maxSenders requests or goroutines at a time.
 type batcher struct {
-	s *Store
+	s          *Store
+	maxSenders int
 
 	mu      sync.Mutex
 	queue   []*batchItem
-	sending bool // the goroutine runs: new items wait for its next batch
-	batches int  // batches sent (for tests)
-	largest int  // most statements in one batch (for tests)
-
+	senders int // requests sending their own statement, and drain goroutines
+	batches int // batches sent (for tests)
+	largest int // most statements in one batch (for tests)
 }
 
-// do runs item in the next batch and returns its result, or ctx's error
-// when ctx ends first: then a statement still queued is never sent, and
-// one already sent has an unknown outcome (as a statement alone cut off
-// by its deadline), its batch cancelled once no request waits for it.
+// do runs item in a batch and returns its result, or ctx's error when ctx
+// ends first: then a statement still queued is never sent, and one
+// already sent has an unknown outcome (as a statement alone cut off by
+// its deadline), its batch cancelled once no request waits for it.
 //
-// A request that finds no batch out is alone: it sends its statement
-// itself, under its own ctx, exactly as it would without batching (its
-// cancellation cancels the statement on the server). The requests that
-// queue meanwhile go out together, sent by a goroutine of their own.
+// A request that finds a sender free and nobody queued is alone: it sends
+// its statement itself, under its own ctx, exactly as it would without
+// batching (its cancellation cancels the statement on the server). The
+// requests that queue go out together, sent by goroutines of their own.
 func (b *batcher) do(ctx context.Context, item *batchItem) error {
 	item.done = make(chan struct{})
 	if d, ok := ctx.Deadline(); ok {
 		item.deadline = d
 	}
 	b.mu.Lock()
-	if !b.sending {
-		b.sending = true
-		b.batches++
-		b.largest = max(b.largest, 1)
+	if len(b.queue) == 0 && b.senders < b.maxSenders {
+		b.senders++
+		b.count(1)
 		b.mu.Unlock()
-		b.send(ctx, []*batchItem{item})
+		// A batch of one has nobody to send again.
+		b.s.runBatch(ctx, []*batchItem{item})
 		b.mu.Lock()
-		if len(b.queue) > 0 {
-			go b.drain()
-		} else {
-			b.sending = false
-		}
+		b.senders--
+		b.wake()
 		b.mu.Unlock()
 		return item.result
 	}
 	b.queue = append(b.queue, item)
+	b.wake()
 	b.mu.Unlock()
 	select {
 	case <-item.done:
@@ -124,6 +140,7 @@ func (b *batcher) do(ctx context.Context, item *batchItem) error {
 	case <-ctx.Done():
 	}
 	b.mu.Lock()
+	item.gone = true
 	if item.sent == nil {
 		b.queue = slices.DeleteFunc(b.queue, func(it *batchItem) bool { return it == item })
 	} else if item.sent.waiting.Add(-1) == 0 {
@@ -133,19 +150,33 @@ func (b *batcher) do(ctx context.Context, item *batchItem) error {
 	return ctx.Err()
 }
 
+// count counts a batch of n statements going out; b.mu is held.
+func (b *batcher) count(n int) {
+	b.batches++
+	b.largest = max(b.largest, n)
+}
+
+// wake starts a goroutine to send the queue when it holds statements and
+// a sender is free; b.mu is held.
+func (b *batcher) wake() {
+	if len(b.queue) > 0 && b.senders < b.maxSenders {
+		b.senders++
+		go b.drain()
+	}
+}
+
 // drain sends batches until none is queued.
 func (b *batcher) drain() {
 	for {
 		b.mu.Lock()
 		if len(b.queue) == 0 {
-			b.sending = false
+			b.senders--
 			b.mu.Unlock()
 			return
 		}
 		batch := b.queue
 		b.queue = nil
-		b.batches++
-		b.largest = max(b.largest, len(batch))
+		b.count(len(batch))
 		// The latest deadline; none when a statement has none (its
 		// request waits as long as it takes).
 		var deadline time.Time
@@ -171,56 +202,119 @@ func (b *batcher) drain() {
 			it.sent = sent
 		}
 		b.mu.Unlock()
-		b.send(ctx, batch)
+		again := b.s.runBatch(ctx, batch)
 		cancel()
+
+		// The statements rolled back with a culprit queue again, first,
+		// unless their requests stopped waiting.
+		b.mu.Lock()
+		var requeue []*batchItem
+		for _, it := range again {
+			if it.gone {
+				close(it.done)
+				continue
+			}
+			it.sent = nil
+			requeue = append(requeue, it)
+		}
+		b.queue = append(requeue, b.queue...)
+		b.mu.Unlock()
 	}
 }
 
-// send runs batch as one pipeline and sets each item's result.
-func (b *batcher) send(ctx context.Context, batch []*batchItem) {
+// runBatch runs batch as one pipeline on one READ COMMITTED session,
+// after the guard, sets each item's result and closes its done, except
+// for the items it returns: those were rolled back because another
+// statement of the batch met a locked row, and must be sent again (never
+// any of a batch of one).
+func (s *Store) runBatch(ctx context.Context, batch []*batchItem) (again []*batchItem) {
 	slices.SortStableFunc(batch, func(x, y *batchItem) int { return strings.Compare(x.order, y.order) })
-	err := b.run(ctx, batch)
-	var pgErr *pgconn.PgError
+	again = s.run(ctx, batch)
+	if len(again) == 0 {
+		for _, it := range batch {
+			close(it.done)
+		}
+		return nil
+	}
+	rerun := make(map[*batchItem]bool, len(again))
+	for _, it := range again {
+		rerun[it] = true
+	}
 	for _, it := range batch {
-		switch {
-		case err == nil:
-			// Committed: it.result is the statement's own answer.
-		case errors.As(err, &pgErr):
-			it.result = fmt.Errorf("%w: %w", errBatchRolledBack, err) // retryable when err is
-		default:
+		if !rerun[it] {
+			close(it.done) // the culprit
+		}
+	}
+	return again
+}
+
+// run is runBatch without closing done.
+func (s *Store) run(ctx context.Context, batch []*batchItem) (again []*batchItem) {
+	all := func(err error) []*batchItem {
+		for _, it := range batch {
 			it.result = err
 		}
-		close(it.done)
+		return nil
 	}
-}
-
-// run sends batch on one READ COMMITTED session and reads every result;
-// its error is the batch's (nil once it committed).
-func (b *batcher) run(ctx context.Context, batch []*batchItem) error {
-	c, err := b.s.acquire(ctx)
+	c, err := s.acquire(ctx)
 	if err != nil {
-		return err
+		return all(err)
 	}
 	defer c.Release()
 	var pb pgx.Batch
+	pb.Queue(s.sql.guard)
 	for _, it := range batch {
 		pb.Queue(it.sql, it.args...)
 	}
 	br := c.SendBatch(ctx, &pb)
-	var refused error // a statement the server refused: the transaction rolled back
+	if _, err := br.Exec(); err != nil {
+		// Nothing ran: the table is missing, not ours to use, or locked
+		// (for longer than the DSN's lock_timeout), or the connection
+		// broke. Each statement alone would meet the same.
+		br.Close()
+		return all(err)
+	}
+	// The first statement the server refused is the culprit: the others
+	// after it only report the same error, and the transaction rolled back.
+	culprit := -1
 	var pgErr *pgconn.PgError
-	for _, it := range batch {
+	for i, it := range batch {
 		it.result = it.read(br)
-		if refused == nil && errors.As(it.result, &pgErr) {
-			refused = it.result
+		if culprit < 0 && errors.As(it.result, &pgErr) {
+			culprit = i
 		}
 	}
 	err = br.Close()
+	var refused error
 	switch {
-	case refused != nil:
-		return refused
+	case culprit >= 0 && lockTimedOut(batch[culprit].result):
+		// It waited for a row another transaction holds for the lock
+		// wait: its key is busy. Running it again would only wait again.
+		batch[culprit].result = fmt.Errorf("%w: %w", storage.ErrBusy, batch[culprit].result)
+		for i, it := range batch {
+			if i != culprit {
+				again = append(again, it)
+			}
+		}
+		return again
+	case culprit >= 0:
+		refused = batch[culprit].result
+	case err != nil && errors.As(err, &pgErr):
+		refused = err // refused at commit
 	case err != nil:
-		return err // refused too (a PgError), or the outcome is unknown
+		return all(err) // the outcome is unknown
+	default:
+		return nil // committed: each result is the statement's own answer
 	}
-	return nil
+	if len(batch) == 1 {
+		return all(refused) // it ran alone: its error is its own
+	}
+	return all(fmt.Errorf("%w: %w", errBatchRolledBack, refused)) // retryable when refused is
+}
+
+// alone runs one statement on its own (after the guard, as every
+// statement of a batch), and returns its error.
+func (s *Store) alone(ctx context.Context, item *batchItem) error {
+	s.run(ctx, []*batchItem{item})
+	return item.result
 }

@@ -19,7 +19,9 @@ import (
 )
 
 // Adversarial tests of the batcher (batch.go). Every batch is set up
-// deterministically: a reserve (or completion) held back on a row lock is
+// deterministically, on a store that sends one batch of each kind at a
+// time and waits for a locked row for longer than any test
+// (oneSenderStore): a reserve (or completion) held back on a row lock is
 // the batch out, the requests started meanwhile queue (Queued), and the
 // batch that follows is held on a row another transaction is inserting
 // (holdKey) for as long as the test needs it in flight.
@@ -112,7 +114,7 @@ func receive[T any](t *testing.T, ch <-chan T, what string) T {
 // fingerprint, Mismatch for the other.
 func TestAdversarialBatchSameKeyMixedFingerprints(t *testing.T) {
 	dsn := pgtest.Require(t)
-	s := newStore(t, postgres.Options{})
+	s := oneSenderStore(t, postgres.Options{})
 	expired := storage.Key{Scope: "adv", ID: "expired"}
 	completed(t, s, expired, time.Hour)
 	pgtest.Exec(t, dsn, `UPDATE `+s.Table()+` SET expires_at = now() - interval '1 second' WHERE key = 'expired'`)
@@ -185,7 +187,7 @@ func TestAdversarialBatchSameKeyMixedFingerprints(t *testing.T) {
 func batchHeldOnARow(t *testing.T) (dsn string, s *postgres.Store, hold, release func(), blocked func() error) {
 	t.Helper()
 	dsn = pgtest.Require(t)
-	s = newStore(t, postgres.Options{})
+	s = oneSenderStore(t, postgres.Options{})
 	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour)
 	hold = holdKey(t, dsn, s.Table(), "adv", "zz-held")
 	release, blocked = blockedReserve(t, s, dsn)
@@ -301,7 +303,7 @@ func TestAdversarialBatchAllMembersLeaveCancelsIt(t *testing.T) {
 // contexts end by closing the connection, pgx's default).
 func TestAdversarialBatchRunsForAMemberWithoutDeadline(t *testing.T) {
 	dsn := pgtest.Require(t)
-	s := newStore(t, postgres.Options{}) // no Timeout; pgx's default pool
+	s := oneSenderStore(t, postgres.Options{}) // no Timeout; pgx's default pool
 	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour)
 	hold := holdKey(t, dsn, s.Table(), "adv", "a-held")
 
@@ -338,7 +340,7 @@ func TestAdversarialBatchRunsForAMemberWithoutDeadline(t *testing.T) {
 // and the other finds the key completed (ErrLeaseLost).
 func TestAdversarialBatchCompleteFencing(t *testing.T) {
 	dsn := pgtest.Require(t)
-	s := newStore(t, postgres.Options{})
+	s := oneSenderStore(t, postgres.Options{})
 	key := storage.Key{Scope: "adv", ID: "fenced"}
 	stale := acquire(t, s, key, fpA, time.Minute)
 	pgtest.Exec(t, dsn, `UPDATE `+s.Table()+` SET expires_at = now() - interval '1 second' WHERE key = 'fenced'`)
@@ -393,7 +395,7 @@ func TestAdversarialBatchCompleteFencing(t *testing.T) {
 // report a lost lease), and the refused one's lease is still its own.
 func TestAdversarialRefusedCompleteBatch(t *testing.T) {
 	dsn := pgtest.Require(t)
-	s := newStore(t, postgres.Options{})
+	s := oneSenderStore(t, postgres.Options{})
 	good, bad := storage.Key{Scope: "adv", ID: "good"}, storage.Key{Scope: "adv", ID: "bad"}
 	goodTok := acquire(t, s, good, fpA, time.Minute)
 	badTok := acquire(t, s, bad, fpA, time.Minute)
@@ -497,8 +499,8 @@ func blockedLeader(t *testing.T, s *postgres.Store, dsn, id string) (release fun
 func TestAdversarialTwoBatchesTakeRowsInOneOrder(t *testing.T) {
 	dsn := pgtest.Require(t)
 	table := pgtest.Table(t, dsn)
-	s1 := newStore(t, postgres.Options{Table: table})
-	s2 := newStore(t, postgres.Options{Table: table})
+	s1 := oneSenderStore(t, postgres.Options{Table: table})
+	s2 := oneSenderStore(t, postgres.Options{Table: table})
 	k1, k2 := storage.Key{Scope: "adv", ID: "k1"}, storage.Key{Scope: "adv", ID: "k2"}
 	completed(t, s1, k1, time.Hour)
 	completed(t, s1, k2, time.Hour)
@@ -569,7 +571,7 @@ func TestAdversarialTwoBatchesTakeRowsInOneOrder(t *testing.T) {
 // every reserve ends with the key acquired, once.
 func TestAdversarialBatchAgainstCleanup(t *testing.T) {
 	dsn := pgtest.Require(t)
-	s := newStore(t, postgres.Options{CleanupInterval: -1})
+	s := oneSenderStore(t, postgres.Options{CleanupInterval: -1})
 	// b first, so that its row lies before a's.
 	keyA, keyB := storage.Key{Scope: "adv", ID: "a"}, storage.Key{Scope: "adv", ID: "b"}
 	completed(t, s, keyB, time.Hour)

@@ -5,22 +5,48 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
+// patientLockWait is the lock wait of the stores whose tests hold a
+// statement on a locked row for as long as they need it: longer than any
+// test runs.
+const patientLockWait = 10 * time.Minute
+
+// oneSenderStore is newStore on a pool of three connections, which makes
+// the store send one batch of each kind at a time (half the pool, at
+// least one), and with a lock wait of patientLockWait: a request held on a
+// row lock is the batch out for as long as the test needs, and the
+// requests made meanwhile queue for the next batch. Batches are set up
+// that way, deterministically, to test what a batch does.
+func oneSenderStore(t *testing.T, opts postgres.Options) *postgres.Store {
+	t.Helper()
+	dsn := pgtest.Require(t)
+	if opts.Table == "" {
+		opts.Table = pgtest.Table(t, dsn)
+	}
+	if opts.LockWait == 0 {
+		opts.LockWait = patientLockWait
+	}
+	opts.CreateTable = true
+	return openStore(t, testPool(t, dsn, 3), opts)
+}
+
 // blockedReserve starts a reserve of a key another transaction is
-// inserting: it is the store's batch out (a request alone sends its own
-// statement) until release ends that transaction, and every reserve made
-// meanwhile queues for the next batch. wait returns the blocked reserve's
-// error.
+// inserting: on a oneSenderStore, it is the store's batch out (a request
+// alone sends its own statement) until release ends that transaction, and
+// every reserve made meanwhile queues for the next batch. wait returns the
+// blocked reserve's error.
 func blockedReserve(t *testing.T, s *postgres.Store, dsn string) (release func(), wait func() error) {
 	t.Helper()
 	ctx := context.Background()
@@ -58,7 +84,7 @@ func heldBy(ctx context.Context, tx pgx.Tx, conn *pgx.Conn, done <-chan error) (
 // then the 16 completions go out together, and every key replays.
 func TestReservesWaitingTogetherShareOneBatch(t *testing.T) {
 	dsn := pgtest.Require(t)
-	s := newStore(t, postgres.Options{CreateTable: true})
+	s := oneSenderStore(t, postgres.Options{})
 	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour) // the table exists
 	const keys = 16
 	release, blocked := blockedReserve(t, s, dsn)
@@ -137,7 +163,7 @@ func TestReservesWaitingTogetherShareOneBatch(t *testing.T) {
 // outage, so fail_open does not apply).
 func TestARefusedBatchRunsEachStatementAlone(t *testing.T) {
 	dsn := pgtest.Require(t)
-	s := newStore(t, postgres.Options{CreateTable: true})
+	s := oneSenderStore(t, postgres.Options{})
 	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour)
 	pgtest.Exec(t, dsn, `ALTER TABLE `+s.Table()+` ADD CONSTRAINT refuse_bad CHECK (key <> 'bad')`)
 	release, blocked := blockedReserve(t, s, dsn)
@@ -192,4 +218,278 @@ func blockedComplete(t *testing.T, s *postgres.Store, dsn string) (release func(
 	go func() { done <- s.Complete(ctx, key, tok, &storage.Response{Status: 201}, time.Hour) }()
 	pgtest.WaitForLockWait(t, dsn, s.Table())
 	return heldBy(ctx, tx, conn, done)
+}
+
+// holdRow locks the row of key in an outside transaction (an operator's
+// open BEGIN; SELECT ... FOR UPDATE) until the release returned, or the
+// test's end; still reports whether that transaction still holds it,
+// asked from a third session without waiting.
+func holdRow(t *testing.T, dsn string, s *postgres.Store, key storage.Key) (release func(), still func() bool) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	ok(t, err)
+	tx, err := conn.Begin(ctx)
+	ok(t, err)
+	tag, err := tx.Exec(ctx, `SELECT 1 FROM `+s.Table()+` WHERE scope = $1 AND key = $2 FOR UPDATE`, key.Scope, key.ID)
+	ok(t, err)
+	if tag.RowsAffected() != 1 {
+		t.Fatalf("holdRow: no row for %v", key)
+	}
+	released := false
+	release = func() {
+		if !released {
+			released = true
+			tx.Rollback(ctx)
+			conn.Close(ctx)
+		}
+	}
+	t.Cleanup(release)
+	still = func() bool {
+		probe, err := pgx.Connect(ctx, dsn)
+		ok(t, err)
+		defer probe.Close(ctx)
+		ptx, err := probe.Begin(ctx)
+		ok(t, err)
+		defer ptx.Rollback(ctx)
+		_, err = ptx.Exec(ctx, `SELECT 1 FROM `+s.Table()+` WHERE scope = $1 AND key = $2 FOR UPDATE NOWAIT`, key.Scope, key.ID)
+		var pgErr *pgconn.PgError
+		return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+	}
+	return release, still
+}
+
+// TestALockedRowBusiesOnlyItsKey: an outside transaction (an operator's
+// open BEGIN) holds the rows of two keys while 90 requests for new keys
+// reserve and complete, and requests for the held keys reserve (an
+// expired record to take over), complete and release (a running request's
+// own). On a pool as the Caddy module makes it (NewPoolConfig, 16
+// connections), every one of the 90 succeeds, and all of it happens while
+// the outside transaction still holds its rows: nobody waited for it to
+// end. Each request for a held key is answered with an error wrapping
+// storage.ErrBusy once it has waited the lock wait (the default, 500ms),
+// never an outage (fail_open must not run it), and the keys work once the
+// rows are let go. The store has no Timeout, so that a loaded machine
+// cannot fail a request on time: a request held until the rows are let go
+// would never return.
+func TestALockedRowBusiesOnlyItsKey(t *testing.T) {
+	const n = 90
+	dsn := pgtest.Require(t)
+	s := openStore(t, pinnedPool(t, dsn, 16), postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true})
+	expired := storage.Key{Scope: "held", ID: "expired"}
+	completed(t, s, expired, time.Hour)
+	pgtest.Exec(t, dsn, `UPDATE `+s.Table()+` SET expires_at = now() - interval '1 second' WHERE key = 'expired'`)
+	running := storage.Key{Scope: "held", ID: "running"}
+	tok := acquire(t, s, running, fpA, time.Minute)
+	releaseExpired, stillExpired := holdRow(t, dsn, s, expired)
+	releaseRunning, stillRunning := holdRow(t, dsn, s, running)
+
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var reserveErr, completeErr, releaseErr error
+	wg.Go(func() {
+		<-start
+		_, reserveErr = s.Reserve(t.Context(), expired, fpA, time.Minute)
+	})
+	wg.Go(func() {
+		<-start
+		completeErr = s.Complete(t.Context(), running, tok, &storage.Response{Status: 201}, time.Hour)
+	})
+	wg.Go(func() {
+		<-start
+		releaseErr = s.Release(t.Context(), running, tok)
+	})
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			key := storage.Key{Scope: "free", ID: fmt.Sprint(i)}
+			res, err := s.Reserve(t.Context(), key, fpA, time.Minute)
+			switch {
+			case err != nil:
+				errs[i] = fmt.Errorf("reserve: %w", err)
+			case res.Outcome != storage.Acquired:
+				errs[i] = fmt.Errorf("reserve: %v, want acquired", res.Outcome)
+			default:
+				if err := s.Complete(t.Context(), key, res.Token, &storage.Response{Status: 201}, time.Hour); err != nil {
+					errs[i] = fmt.Errorf("complete: %w", err)
+				}
+			}
+		})
+	}
+	finished := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(finished)
+	}()
+	close(start)
+	receive(t, finished, "the requests")
+	if !stillExpired() || !stillRunning() {
+		t.Fatal("the outside transaction no longer holds its rows")
+	}
+
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("new key %d: %v, want reserved and completed while another key's row is held", i, err)
+		}
+	}
+	for what, err := range map[string]error{"reserve": reserveErr, "complete": completeErr, "release": releaseErr} {
+		if !errors.Is(err, storage.ErrBusy) || storage.Unavailable(err) {
+			t.Errorf("%s of a key whose row is held: %v, want ErrBusy, not unavailable", what, err)
+		}
+	}
+
+	releaseExpired()
+	releaseRunning()
+	if got := outcome(t, s, expired, fpA); got != storage.Acquired {
+		t.Errorf("the expired key once its row is let go: %v, want taken over", got)
+	}
+	ok(t, s.Complete(t.Context(), running, tok, &storage.Response{Status: 201}, time.Hour))
+}
+
+// TestBatchesGoOutWhileOneWaitsOnALockedRow: a reserve waits for a row
+// another transaction is inserting (with a lock wait longer than the
+// test, so that it waits all along); meanwhile 90 requests for new keys
+// reserve and complete, in other batches, and all are done while the
+// first still waits: a batch held on a row holds up nobody who came after
+// it.
+func TestBatchesGoOutWhileOneWaitsOnALockedRow(t *testing.T) {
+	const n = 90
+	dsn := pgtest.Require(t)
+	s := openStore(t, pinnedPool(t, dsn, 16), postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true, LockWait: patientLockWait})
+	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour)
+	hold := holdKey(t, dsn, s.Table(), "held", "k")
+	held := goReserve(t.Context(), s, storage.Key{Scope: "held", ID: "k"}, fpA)
+	pgtest.WaitForLockWait(t, dsn, s.Table())
+
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			key := storage.Key{Scope: "free", ID: fmt.Sprint(i)}
+			res, err := s.Reserve(t.Context(), key, fpA, time.Minute)
+			if err == nil && res.Outcome != storage.Acquired {
+				err = fmt.Errorf("%v, want acquired", res.Outcome)
+			}
+			if err == nil {
+				err = s.Complete(t.Context(), key, res.Token, &storage.Response{Status: 201}, time.Hour)
+			}
+			errs <- err
+		}()
+	}
+	for i := range n {
+		if err := receive(t, errs, "a request for a new key while a batch waits on a row"); err != nil {
+			t.Errorf("request %d for a new key: %v", i, err)
+		}
+	}
+	select {
+	case r := <-held:
+		t.Fatalf("the reserve of the held key returned (%v %v) before its row was let go", r.res.Outcome, r.err)
+	default:
+	}
+	if w := lockWaits(t, dsn, s.Table()); w != 1 {
+		t.Fatalf("%d statements wait for the held row, want the first reserve still waiting", w)
+	}
+
+	hold()
+	if r := receive(t, held, "the reserve of the held key"); r.err != nil || r.res.Outcome != storage.Acquired {
+		t.Fatalf("the held key once its inserter rolled back: %v %v, want acquired", r.res.Outcome, r.err)
+	}
+}
+
+// lockTimeoutTracer counts the statements that failed with
+// lock_not_available.
+type lockTimeoutTracer struct {
+	timeouts atomic.Int64
+}
+
+func (*lockTimeoutTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (tr *lockTimeoutTracer) TraceQueryEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	tr.count(d.Err)
+}
+
+func (*lockTimeoutTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (tr *lockTimeoutTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	tr.count(d.Err)
+}
+
+func (*lockTimeoutTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (tr *lockTimeoutTracer) count(err error) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		tr.timeouts.Add(1)
+	}
+}
+
+// TestABatchWithALockedRowRunsTheOthersAgain: one batch of three reserves
+// holds the takeover of an expired record whose row an outside transaction
+// holds. That statement (the culprit) waits the lock wait and fails with
+// lock_not_available, which rolls the batch back: its request gets
+// ErrBusy at once, never run again, and the two others, rolled back with
+// it, go out again in a batch of their own and acquire their keys, while
+// the row is still held.
+func TestABatchWithALockedRowRunsTheOthersAgain(t *testing.T) {
+	dsn := pgtest.Require(t)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	ok(t, err)
+	cfg.MaxConns = 3 // one sender of each kind, as oneSenderStore
+	tr := new(lockTimeoutTracer)
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	ok(t, err)
+	s := openStore(t, pool, postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true, LockWait: 100 * time.Millisecond})
+	culprit := storage.Key{Scope: "batch", ID: "b-held"}
+	completed(t, s, culprit, time.Hour)
+	pgtest.Exec(t, dsn, `UPDATE `+s.Table()+` SET expires_at = now() - interval '1 second' WHERE key = 'b-held'`)
+	_, still := holdRow(t, dsn, s, culprit)
+
+	// The batch out, alone, waits for the table: an outside transaction
+	// holds it in SHARE mode, which the guard waits for (a table lock is
+	// not bounded by the lock wait) while the row lock above is not in
+	// its way. The reserves made meanwhile queue for the next batch.
+	ctx := context.Background()
+	locker, err := pgx.Connect(ctx, dsn)
+	ok(t, err)
+	defer locker.Close(ctx)
+	ltx, err := locker.Begin(ctx)
+	ok(t, err)
+	_, err = ltx.Exec(ctx, `LOCK TABLE `+s.Table()+` IN SHARE MODE`)
+	ok(t, err)
+	before, _, _, _ := s.BatchStats()
+	lead := goReserve(t.Context(), s, storage.Key{Scope: "batch", ID: "lead"}, fpA)
+	pgtest.WaitForLockWait(t, dsn, s.Table())
+	a := goReserve(t.Context(), s, storage.Key{Scope: "batch", ID: "a"}, fpA)
+	b := goReserve(t.Context(), s, culprit, fpA)
+	c := goReserve(t.Context(), s, storage.Key{Scope: "batch", ID: "c"}, fpA)
+	queued(t, s, 3)
+	ok(t, ltx.Rollback(ctx))
+	if r := receive(t, lead, "the batch out"); r.err != nil || r.res.Outcome != storage.Acquired {
+		t.Fatalf("the batch out: %v %v, want acquired", r.res.Outcome, r.err)
+	}
+
+	rb := receive(t, b, "the reserve of the held row")
+	if !errors.Is(rb.err, storage.ErrBusy) || storage.Unavailable(rb.err) {
+		t.Fatalf("the reserve of the held row: %v, want ErrBusy, not unavailable", rb.err)
+	}
+	for _, ch := range []<-chan reserveResult{a, c} {
+		if r := receive(t, ch, "a reserve batched with the held row"); r.err != nil || r.res.Outcome != storage.Acquired {
+			t.Errorf("a reserve batched with the held row: %v %v, want acquired", r.res.Outcome, r.err)
+		}
+	}
+	if !still() {
+		t.Fatal("the outside transaction no longer holds the row")
+	}
+	reserves, largest, _, _ := s.BatchStats()
+	if reserves -= before; reserves != 3 || largest != 3 {
+		t.Errorf("%d batches of reserves, the largest of %d; want 3 (the lone one, the three, the two sent again), the largest of 3", reserves, largest)
+	}
+	if got := tr.timeouts.Load(); got != 1 {
+		t.Errorf("%d statements gave up on a lock, want the culprit once (it must not run again)", got)
+	}
 }

@@ -83,7 +83,9 @@ func TestCorruptRowsAreErrorsOnEveryReadPath(t *testing.T) {
 	ctx := t.Context()
 	for name, set := range corruptions {
 		t.Run(name, func(t *testing.T) {
-			s := newStore(t, postgres.Options{CleanupInterval: -1})
+			// Reserve's second read waits on a competitor's row lock for
+			// as long as the test takes to commit it.
+			s := newStore(t, postgres.Options{CleanupInterval: -1, LockWait: patientLockWait})
 			key := storage.Key{Scope: "corrupt", ID: "k"}
 			completed(t, s, key, time.Hour)
 			pgtest.Exec(t, dsn, `UPDATE `+s.Table()+` SET `+set)

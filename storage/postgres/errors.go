@@ -26,13 +26,32 @@ import (
 // closed instead of silently running every request without
 // idempotency. An error the store cannot place is treated as an answer.
 
+//
+// A row locked by another transaction is neither: the server answered
+// that this key is busy. A statement that waited for such a row for the
+// store's lock wait (Options.LockWait) fails with lock_not_available
+// (55P03) after the guard statement that sets it (see statements.guard),
+// and its error wraps storage.ErrBusy, never storage.ErrUnavailable:
+// fail_open must not let a request through while the key's row is held
+// (by a retry of that very request, perhaps). A lock_not_available
+// anywhere else (the server's own lock_timeout, from the DSN, on a table
+// lock) is an outage as before.
+
 // SQLSTATEs the store tells apart.
 const (
 	serializationFailure = "40001"
 	deadlockDetected     = "40P01"
 	undefinedTable       = "42P01"
 	undefinedColumn      = "42703"
+	lockNotAvailable     = "55P03"
 )
+
+// lockTimedOut reports whether err is lock_not_available: a statement
+// that waited for a lock for longer than lock_timeout.
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable
+}
 
 // unavailableCode reports whether a server error with SQLSTATE code
 // means that the server cannot serve the store now, rather than an
@@ -40,7 +59,8 @@ const (
 // shutting down, crashed or still starting (57P01, 57P02, 57P03), a
 // session ended for idling (57P05), no connection slot left (53300), and
 // a statement that ran out of time, cancelled by the store's own timeout
-// or by the server's statement_timeout or lock_timeout (57014, 55P03).
+// or by the server's statement_timeout or lock_timeout (57014, 55P03;
+// a row lock after the guard is storage.ErrBusy instead, see above).
 func unavailableCode(code string) bool {
 	if strings.HasPrefix(code, "08") {
 		return true
@@ -127,7 +147,7 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 	var pgErr *pgconn.PgError
 	var scanErr pgx.ScanArgError
 	switch {
-	case errors.Is(err, storage.ErrCorrupt), errors.Is(err, storage.ErrInvalid):
+	case errors.Is(err, storage.ErrCorrupt), errors.Is(err, storage.ErrInvalid), errors.Is(err, storage.ErrBusy):
 		return fmt.Errorf("postgres %s: %w", op, err)
 	case errors.As(err, &scanErr):
 		// A column holds what the store never writes (someone else wrote

@@ -10,13 +10,14 @@ import (
 )
 
 // TestHugeDurationsSaturate passes math.MaxInt64 nanoseconds wherever the
-// store takes a duration: the arithmetic saturates at MaxDuration, so a
+// store takes a duration (a lock wait too, which PostgreSQL's lock_timeout
+// cannot hold and the store cuts to what it can): the arithmetic saturates at MaxDuration, so a
 // lease that long is live (a second request conflicts, instead of running
 // too), a record kept that long replays, and the times read back lie about
 // MaxDuration ahead, never in the past and never an SQL error.
 func TestHugeDurationsSaturate(t *testing.T) {
 	const huge = time.Duration(math.MaxInt64)
-	s := newStore(t, postgres.Options{Timeout: huge, LapsedGrace: huge, CleanupInterval: -1})
+	s := newStore(t, postgres.Options{Timeout: huge, LapsedGrace: huge, LockWait: huge, CleanupInterval: -1})
 	ctx := t.Context()
 	far := func(what string, at time.Time) {
 		t.Helper()
@@ -29,6 +30,10 @@ func TestHugeDurationsSaturate(t *testing.T) {
 	tok := acquire(t, s, running, fpA, huge)
 	wantOutcome(t, s, running, fpA, storage.Conflict)
 	ok(t, s.Renew(ctx, running, tok, huge))
+	batch := []storage.Renewal{{Key: running, Token: tok, Lease: huge}}
+	if err := s.RenewBatch(ctx, batch); err != nil || batch[0].Err != nil {
+		t.Fatalf("RenewBatch of a lease of %v: %v, %v", huge, err, batch[0].Err)
+	}
 	rec, err := s.Get(ctx, running, false)
 	ok(t, err)
 	far("the lease's end", rec.ExpiresAt)

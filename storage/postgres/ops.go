@@ -58,20 +58,23 @@ func (s *Store) leaseOp(ctx context.Context, op, sql string, key storage.Key, to
 	if err := s.ensureSchema(ctx); err != nil {
 		return s.fail(ctx, op, err)
 	}
-	args = append([]any{key.Scope, key.ID, int64(token)}, args...)
 	var tag pgconn.CommandTag
+	item := &batchItem{sql: sql, args: append([]any{key.Scope, key.ID, int64(token)}, args...), order: key.Scope + "\x00" + key.ID,
+		read: func(br pgx.BatchResults) (err error) { tag, err = br.Exec(); return err }}
+	// Each goes after the guard (batch.go), which bounds its wait for a
+	// row another transaction holds: then its error wraps storage.ErrBusy.
 	var err error
 	if op == "complete" {
 		// Completions waiting at the same moment share one commit
-		// (batch.go); a batch the server refused changed nothing, and the
-		// statement runs on its own.
-		err = s.completes.do(ctx, &batchItem{sql: sql, args: args, order: key.Scope + "\x00" + key.ID,
-			read: func(br pgx.BatchResults) (err error) { tag, err = br.Exec(); return err }})
-		if errors.Is(err, errBatchRolledBack) {
-			tag, err = s.exec(ctx, sql, args...)
-		}
+		// (batch.go).
+		err = s.completes.do(ctx, item)
 	} else {
-		tag, err = s.exec(ctx, sql, args...)
+		err = s.alone(ctx, item)
+	}
+	if errors.Is(err, errBatchRolledBack) || retryable(err) {
+		// A batch the server refused, or a statement rolled back for a
+		// conflict, changed nothing: the statement runs on its own.
+		err = retry(ctx, func() error { return s.alone(ctx, item) })
 	}
 	if err != nil {
 		return s.fail(ctx, op, err)

@@ -21,6 +21,13 @@
 // (see errors.go). Keys it cannot index are refused (storage.KeyLimiter),
 // and durations saturate at MaxDuration.
 //
+// Reserves and completions waiting at the same moment share one commit
+// (batch.go), several batches in flight at once; a statement waits for a
+// row another transaction holds for at most Options.LockWait, and then
+// fails for its key alone with storage.ErrBusy. The leases of running
+// requests are renewed all at once, in one statement over arrays, on
+// connections of their own (storage.BatchRenewer, see renew.go).
+//
 // Waiting requests share one poll per key (storage.Waiter, see wait.go);
 // LISTEN/NOTIFY was rejected, for the reasons given there.
 //
@@ -89,8 +96,27 @@ type Options struct {
 	// waiting for a pooled connection included, when the caller's context
 	// has no earlier deadline. Zero leaves only the caller's context. A
 	// statement that runs out of time is cancelled on the server too (see
-	// NewPoolConfig).
+	// NewPoolConfig). RenewBatch, which renews every lease due at once,
+	// takes the caller's deadline even when it is longer, and Timeout
+	// only when the caller's context has none.
 	Timeout time.Duration
+
+	// LockWait bounds how long a reservation, a completion or a release
+	// waits for a row that another transaction holds (an operator's open
+	// transaction, a client's concurrent retry, a stuck session) before
+	// it gives up with an error wrapping storage.ErrBusy: that key's
+	// request is answered at once, the statements batched with it run
+	// again without it, and other keys never wait behind it. A row that
+	// one of the store's own statements holds is held for a round trip
+	// and a commit, milliseconds; one held far longer is held by someone
+	// who will not let go within the request's Timeout. Zero or
+	// negative: a quarter of Timeout, which leaves the statements
+	// batched with a locked row three quarters of their time to run
+	// again, but at least 50ms (so that a busy server's own commits are
+	// not mistaken for a stuck row) and at most 500ms (500ms without a
+	// Timeout). Waits for the table itself (a migration's lock) are not
+	// bounded by it: they end with Timeout, as an outage.
+	LockWait time.Duration
 
 	// ScanTimeout bounds GetByHash and DeleteByHash, which compute the
 	// key hash of every live row (a scan of the table, for an operator's
@@ -105,6 +131,26 @@ type Options struct {
 	OnCleanup func(deleted int64, err error)
 }
 
+// Lock waits the store chooses when Options.LockWait is not set (see
+// there).
+const (
+	minLockWait = 50 * time.Millisecond
+	maxLockWait = 500 * time.Millisecond
+)
+
+// lockWaitFor is the default lock wait of a store with the given Timeout.
+func lockWaitFor(timeout time.Duration) time.Duration {
+	if timeout <= 0 {
+		return maxLockWait
+	}
+	return min(max(timeout/4, minLockWait), maxLockWait)
+}
+
+// renewalConns is the size of the pool of lease renewals (see
+// RenewBatch): one tick's statement, and the next tick's while a late one
+// is still out.
+const renewalConns = 2
+
 // Store is a storage.Store on a PostgreSQL table. Create it with New and
 // release it with Close.
 type Store struct {
@@ -112,6 +158,12 @@ type Store struct {
 	table string // sanitized, ready to interpolate
 	opts  Options
 	sql   statements
+
+	// renewals is the pool of RenewBatch alone, so that renewals never
+	// wait behind reserves and completions for a connection;
+	// renewalRoundTrips counts the pipelines it sent.
+	renewals          *pgxpool.Pool
+	renewalRoundTrips atomic.Int64
 
 	// schemaAttempt is the DDL run in progress, if any (guarded by
 	// schemaMu); schemaReady skips the DDL once it succeeded.
@@ -150,9 +202,11 @@ var _ storage.Store = (*Store)(nil)
 var ErrCleanupLocked = errors.New("postgres cleanup: another instance holds the cleanup lock")
 
 // New returns a Store on pool and starts its cleanup goroutine. The store
-// owns pool from then on: Close closes it. New does not connect. With
-// CreateTable the table is created on first use, and again on the next use
-// if that fails; without, a missing table is an error of every operation.
+// owns pool from then on: Close closes it. It also makes a second pool of
+// two connections from pool's configuration, for lease renewals alone
+// (see RenewBatch). New does not connect. With CreateTable the table is
+// created on first use, and again on the next use if that fails; without,
+// a missing table is an error of every operation.
 func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("postgres: nil pool")
@@ -179,19 +233,37 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 			opts.ScanTimeout = 10 * min(opts.Timeout, MaxDuration/10)
 		}
 	}
+	if opts.LockWait <= 0 {
+		opts.LockWait = lockWaitFor(opts.Timeout)
+	}
+	rcfg := pool.Config()
+	rcfg.MaxConns, rcfg.MinConns, rcfg.MinIdleConns = renewalConns, 0, 0
+	renewals, err := pgxpool.NewWithConfig(context.Background(), rcfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: the pool of lease renewals: %w", err)
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &Store{
 		pool:        pool,
+		renewals:    renewals,
 		table:       table,
 		opts:        opts,
-		sql:         newStatements(table),
+		sql:         newStatements(table, opts.LockWait),
 		ddlLock:     lockKey("ddl", table),
 		cleanupLock: lockKey("cleanup", table),
 		stop:        stop,
 		cleanupDone: make(chan struct{}),
 		pinned:      pins(pool),
 	}
-	s.reserves.s, s.completes.s = s, s
+	// Batches in flight at once, of each kind: several, so that a batch
+	// held on a locked row (for at most LockWait) never holds up the
+	// statements that come after it, and half the pool each, so that
+	// reserves and completions together never ask for more connections
+	// than it has (a batch holds one while it runs; the statements that go
+	// alone, releases and second reads, share the pool with them).
+	senders := max(1, int(pool.Config().MaxConns)/2)
+	s.reserves.s, s.reserves.maxSenders = s, senders
+	s.completes.s, s.completes.maxSenders = s, senders
 	go s.cleanupLoop(ctx)
 	return s, nil
 }
@@ -204,6 +276,7 @@ func (s *Store) Close() error {
 		s.stop()
 		<-s.cleanupDone
 		s.pool.Close()
+		s.renewals.Close()
 	})
 	return nil
 }

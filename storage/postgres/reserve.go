@@ -67,21 +67,24 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 			return failed(err)
 		}
 		var row existingRow
-		args := []any{key.Scope, key.ID, fp, int64(tok), micros(lease)}
+		item := &batchItem{sql: s.sql.reserve, args: []any{key.Scope, key.ID, fp, int64(tok), micros(lease)}, order: key.Scope + "\x00" + key.ID,
+			read: func(br pgx.BatchResults) error { return br.QueryRow().Scan(row.reserveDest()...) }}
+		// The statement goes after the guard (batch.go), which bounds its
+		// wait for a row another transaction holds: then its error wraps
+		// storage.ErrBusy, and the call ends.
 		if attempt == 0 {
 			// The first round goes with the reserves waiting now, in one
 			// commit (batch.go); a batch the server refused changed
 			// nothing, and the statement runs on its own.
-			err = s.reserves.do(ctx, &batchItem{sql: s.sql.reserve, args: args, order: key.Scope + "\x00" + key.ID,
-				read: func(br pgx.BatchResults) error { return br.QueryRow().Scan(row.reserveDest()...) }})
+			err = s.reserves.do(ctx, item)
 			if errors.Is(err, errBatchRolledBack) {
 				if retryable(err) {
 					s.countRetry(err) // the batch was rolled back for a conflict
 				}
-				err = s.queryRow(ctx, row.reserveDest(), s.sql.reserve, args...)
+				err = s.alone(ctx, item)
 			}
 		} else {
-			err = s.queryRow(ctx, row.reserveDest(), s.sql.reserve, args...)
+			err = s.alone(ctx, item)
 		}
 		switch {
 		case err == nil && row.acquired:

@@ -43,7 +43,9 @@ func TestReserveSeesRowCommittedAfterItsSnapshot(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
 			dsn := pgtest.Require(t)
-			s := newStore(t, postgres.Options{})
+			// Reserve waits on the competitor's row lock for as long as
+			// the test takes to commit it.
+			s := newStore(t, postgres.Options{LockWait: patientLockWait})
 			key := storage.Key{Scope: "visibility", ID: "k"}
 			if tc.lapsed {
 				acquire(t, s, key, fpB, 50*time.Millisecond)

@@ -30,8 +30,14 @@ func pins(pool *pgxpool.Pool) bool {
 // it, which costs one statement per connection. (The store also retries
 // the serialization failures other levels cause: see retryable.)
 func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
-	c, err := s.pool.Acquire(ctx)
-	if err != nil || s.pinned {
+	return acquireFrom(ctx, s.pool, s.pinned)
+}
+
+// acquireFrom is acquire on any pool of the store's (pinned: whether its
+// sessions start at READ COMMITTED).
+func acquireFrom(ctx context.Context, pool *pgxpool.Pool, pinned bool) (*pgxpool.Conn, error) {
+	c, err := pool.Acquire(ctx)
+	if err != nil || pinned {
 		return c, err
 	}
 	data := c.Conn().PgConn().CustomData()

@@ -1,6 +1,11 @@
 package postgres
 
-import "strings"
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
 
 // Record states as stored in the state column.
 const (
@@ -17,6 +22,7 @@ const (
 // timestamptz's resolution, and every time is computed from the server's
 // now(): instances with skewed clocks still agree on what has expired.
 type statements struct {
+	guard, renewBatch, asyncCommit            string
 	reserve, lookup                           string
 	complete, release, renew, get, delete     string
 	getByHash, deleteByHash, listInFlight     string
@@ -43,9 +49,62 @@ const keyHash = `substring(sha256(
 // byHash is the condition of getByHash and deleteByHash.
 const byHash = keyHash + ` = $1`
 
-func newStatements(table string) statements {
+func newStatements(table string, lockWait time.Duration) statements {
 	q := func(s string) string { return strings.ReplaceAll(s, "{table}", table) }
 	return statements{
+		// guard opens every pipeline of reserves, completions and releases
+		// (see runBatch). Its UPDATE changes no row, but it takes the
+		// table's ROW EXCLUSIVE lock, the lock the statements after it
+		// take: a wait for the table itself (a migration's ACCESS
+		// EXCLUSIVE lock, CREATE INDEX's SHARE lock) happens here, bounded
+		// by the operation's Timeout alone, and is an outage like any
+		// slow server. Then it sets lock_timeout for the rest of the
+		// transaction only: a statement after it waits for a row that
+		// another transaction holds for at most the store's lock wait
+		// (Options.LockWait), and then fails with lock_not_available
+		// (55P03), which the store reports as storage.ErrBusy for that
+		// key alone. It writes nothing: a transaction of reads (a replay)
+		// stays one without a WAL flush.
+		guard: q(fmt.Sprintf(`WITH locked AS (UPDATE {table} SET token = token WHERE false RETURNING 1)
+SELECT set_config('lock_timeout', '%dms', true)`, lockTimeoutMillis(lockWait))),
+
+		// renewBatch renews many leases in one statement, for
+		// Store.RenewBatch: $1 to $4 are the scopes, keys, tokens and
+		// lease lengths (microseconds), one element per lease. Like renew,
+		// it takes only in-flight rows that still hold the lease's token,
+		// whatever their expiry. It never waits for a row: FOR NO KEY
+		// UPDATE SKIP LOCKED passes over a row another transaction holds
+		// (the request's own completion, an operator's open transaction),
+		// and that lease is reported busy, to be renewed on the next tick.
+		// The LATERAL subquery looks each lease up by the primary key,
+		// however many rows the table holds. It answers one row per lease:
+		// its ordinal and 0 (renewed), 1 (lost: no row holds the token) or
+		// 2 (busy: the row holds the token but was locked).
+		renewBatch: q(`WITH req AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS r(scope, key, token, lease, i)
+), locked AS (
+	SELECT req.i FROM req CROSS JOIN LATERAL (
+		SELECT FROM {table} e
+		WHERE e.scope = req.scope AND e.key = req.key AND e.state = 1 AND e.token = req.token
+		FOR NO KEY UPDATE SKIP LOCKED) e
+), renewed AS (
+	UPDATE {table} t SET expires_at = now() + l.lease * interval '1 microsecond'
+	FROM (SELECT req.scope, req.key, req.token, max(req.lease) AS lease
+		FROM locked JOIN req USING (i) GROUP BY req.scope, req.key, req.token) l
+	WHERE t.scope = l.scope AND t.key = l.key AND t.state = 1 AND t.token = l.token
+	RETURNING t.scope, t.key, t.token
+)
+SELECT req.i, CASE WHEN r.scope IS NOT NULL THEN 0 WHEN e.scope IS NOT NULL THEN 2 ELSE 1 END::smallint
+FROM req
+LEFT JOIN (SELECT DISTINCT scope, key, token FROM renewed) r
+	ON r.scope = req.scope AND r.key = req.key AND r.token = req.token
+LEFT JOIN {table} e
+	ON e.scope = req.scope AND e.key = req.key AND e.state = 1 AND e.token = req.token`),
+
+		// asyncCommit goes before renewBatch, in the same transaction: a
+		// renewal does not wait for its WAL flush (see Store.RenewBatch).
+		asyncCommit: `SELECT set_config('synchronous_commit', 'off', true)`,
+
 		// The live row, if the statement's snapshot shows one, answers at
 		// once and nothing is written: a replay or a conflict is a
 		// read-only transaction (no row lock, no WAL flush on commit).
@@ -139,4 +198,15 @@ FROM {table} WHERE scope = $1 AND key = $2`),
 		tryCleanupLock: `SELECT pg_try_advisory_lock($1)`,
 		cleanupDone:    `SELECT pg_advisory_unlock($1)`,
 	}
+}
+
+// lockTimeoutMillis is d as lock_timeout takes it: whole milliseconds,
+// rounded up (0 would turn lock_timeout off), at most the setting's
+// largest value.
+func lockTimeoutMillis(d time.Duration) int64 {
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return min(max(ms, 1), math.MaxInt32)
 }

@@ -15,13 +15,15 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
-// tracer counts what the client sends: statements and statement
-// preparations (each preparation is one more round trip).
+// tracer counts what the client sends: round trips (a statement alone,
+// or a pipeline of them), statements, and statement preparations (each
+// preparation is one more round trip).
 type tracer struct {
-	queries, prepares atomic.Int64
+	roundTrips, queries, prepares atomic.Int64
 }
 
 func (tr *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	tr.roundTrips.Add(1)
 	tr.queries.Add(1)
 	return ctx
 }
@@ -35,9 +37,11 @@ func (tr *tracer) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.Trac
 
 func (*tracer) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
 
-// A statement sent in a batch (reserves and completions, batch.go) counts
-// as one too.
-func (*tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+// A pipeline (batch.go: reserves, completions and releases, each after
+// the guard that bounds its lock waits) is one round trip, of several
+// statements.
+func (tr *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	tr.roundTrips.Add(1)
 	return ctx
 }
 
@@ -49,10 +53,13 @@ func (*tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) 
 
 // TestStatementsPerOperation measures what each operation costs the
 // server, as committed transactions of a database of the test's own (so
-// that tests running in parallel do not count), and the client, as
-// statements sent. Every operation is one statement, so a new key
-// (Reserve, Complete) costs two and a replay one; once a connection has
-// prepared a statement, running it is one round trip.
+// that tests running in parallel do not count), and the client, as round
+// trips. Every operation is one transaction and one round trip, so a new
+// key (Reserve, Complete) costs two and a replay one; once a connection
+// has prepared its statements, running them is one round trip. (A
+// reserve, a completion, a release or a renewal goes in a pipeline after
+// the guard statement that bounds its wait for a locked row: two
+// statements, one round trip, one transaction.)
 func TestStatementsPerOperation(t *testing.T) {
 	ctx := t.Context()
 	dsn := pgtest.Require(t)
@@ -115,17 +122,17 @@ func TestStatementsPerOperation(t *testing.T) {
 		if o.prepare != nil {
 			o.prepare()
 		}
-		q, p := tr.queries.Load(), tr.prepares.Load()
+		rt, q, p := tr.roundTrips.Load(), tr.queries.Load(), tr.prepares.Load()
 		o.op()
-		sent := tr.queries.Load() - q
-		if sent != o.want {
-			t.Errorf("%s: sent %d statements, want %d", o.name, sent, o.want)
+		roundTrips, sent := tr.roundTrips.Load()-rt, tr.queries.Load()-q
+		if roundTrips != o.want {
+			t.Errorf("%s: %d round trips, want %d", o.name, roundTrips, o.want)
 		}
 		if prepared := tr.prepares.Load() - p; prepared != 0 {
 			t.Errorf("%s: prepared %d statements on a warm connection, want 0", o.name, prepared)
 		}
 		commits := pgtest.CountCommits(t, dsn, db, s.Pool(), o.prepare, o.op)
-		t.Logf("%s: %d statements, %d transactions", o.name, sent, commits)
+		t.Logf("%s: %d round trips, %d statements, %d transactions", o.name, roundTrips, sent, commits)
 		if commits != o.want {
 			t.Errorf("%s: committed %d transactions, want %d", o.name, commits, o.want)
 		}
