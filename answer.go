@@ -64,11 +64,13 @@ func (h *Handler) storeErrorAnswer(err error) answer {
 	switch {
 	case errors.Is(err, storage.ErrScopeFull):
 		return answer{outcome: outcomeTooManyKeys, act: actReject, problem: problemTooManyKeys,
-			detail: "too many keys in flight or recorded for this client; retry later", retryAfter: storeFullRetryAfter,
+			detail: "too many keys in flight or recorded for this client; retry later", retryAfter: scopeFullRetryAfter,
 			level: zapcore.WarnLevel, msg: "a client holds as many idempotency keys as it may; rejecting a new key"}
 	case errors.Is(err, storage.ErrFull):
 		return answer{outcome: outcomeStoreError, act: actReject, problem: problemStoreFull,
-			detail: "too many requests are being tracked; retry later", retryAfter: storeFullRetryAfter,
+			// No Retry-After: room returns when a request running now frees
+			// its key or a record expires, and the store cannot tell when.
+			detail: "too many requests are being tracked; retry later",
 			level: zapcore.ErrorLevel, msg: "idempotency store is full; rejecting a new key"}
 	case errors.Is(err, storage.ErrBusy):
 		// Another transaction holds the key's record (an operator's open

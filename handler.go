@@ -23,12 +23,13 @@ const bodyOmittedHeader = "Idempotent-Body-Omitted"
 
 // Retry-After values, in seconds. A 409 clears when the first request
 // finishes, usually well within a second; a store outage is worth probing
-// again soon; a full store or client frees room as records expire, which
-// the memory store's janitor notices once a minute.
+// again soon; a client past its share frees room as its records expire,
+// which the memory store's janitor notices once a minute. (A full store
+// says nothing: it cannot tell when room returns.)
 const (
 	conflictRetryAfter  = "1"
 	storeDownRetryAfter = "1"
-	storeFullRetryAfter = "60"
+	scopeFullRetryAfter = "60"
 )
 
 // errStoreClosed: the handler's store was closed before the request could

@@ -320,9 +320,10 @@ type Renewal struct {
 // fences a lease, and it replaces the token.
 type BatchRenewer interface {
 	// RenewBatch renews every lease of batch and sets each one's Err. It
-	// returns the error of the batch as a whole (the store could not be
-	// reached, ctx ended), and then every Err is that error too; nil when
-	// the store answered for each lease.
+	// returns an error when the store answered for none of them (it could
+	// not be reached, ctx ended), and then every Err is that error too;
+	// nil when it answered for some (a node of a Cluster that did not
+	// answer leaves its leases' Err set).
 	RenewBatch(ctx context.Context, batch []Renewal) error
 }
 
