@@ -17,6 +17,11 @@
 #                any. SOAK_FLAGS="-seed 42" replays a run (go run ./soak -h). Then a
 #                longer run of the randomized test (internal/model; about 4
 #                minutes), MODEL_FLAGS.
+#   make mutants plants each bug of internal/mutants in a copy of the tree and
+#                says which tier of tests catches it (the randomized test at its
+#                make test budget, its regression seeds, the package tests, e2e),
+#                and how fast; MUTANTS_FLAGS="-only renew-cadence -tiers model";
+#                about two hours for all of them (docs/guarantees.md, "How we know")
 #   make fuzz    longer fuzzing runs of every fuzz target (FUZZTIME each, default 1m)
 #                A duration budget can end in a spurious "context deadline exceeded"
 #                on Go 1.26 (golang/go#75804); make test therefore uses fuzz-short,
@@ -40,7 +45,7 @@ STATICCHECK  := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # them and removes their files, whatever the command's outcome.
 WITH_SERVERS := bin/testservers --
 
-.PHONY: run test check testservers unit build check-build fuzz fuzz-short bench soak
+.PHONY: run test check testservers unit build check-build fuzz fuzz-short bench soak mutants
 
 run:
 	$(GO) run ./cmd/caddy run --config Caddyfile.example
@@ -124,3 +129,9 @@ MODEL_FLAGS ?= -model.trials 4 -model.steps 20 -model.long
 soak: build testservers
 	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak $(SOAK_FLAGS)
 	$(WITH_SERVERS) $(GO) test -count=1 -timeout 60m ./internal/model/ -run '^TestModel$$' $(MODEL_FLAGS)
+
+MUTANTS_FLAGS ?=
+
+# The planted bugs, each against the tiers of tests (internal/cmd/mutants).
+mutants: testservers
+	$(WITH_SERVERS) $(GO) run ./internal/cmd/mutants $(MUTANTS_FLAGS)
