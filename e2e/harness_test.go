@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -230,5 +231,75 @@ func TestHarnessUpstreamLogsExecutionsAndNamesTheirRequests(t *testing.T) {
 	}
 	if x := <-done; x.N != 2 || x.Status != 201 || !x.BrokeOff || x.Delivered || len(x.Answer) != 10 {
 		t.Fatalf("logged %+v, want a broken-off 201 after 10 bytes", x)
+	}
+}
+
+// SetLatency delays both ways, on connections already open, and keeps
+// every byte, in order, however the jitter falls.
+func TestHarnessProxyLatencyDelaysBothWaysAndKeepsBytesInOrder(t *testing.T) {
+	p := proxyTo(t, echoServer(t))
+	c, err := net.DialTimeout("tcp", p.Addr, time.Second)
+	if err != nil {
+		t.Fatalf("connecting to the proxy: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	r := bufio.NewReader(c)
+	if !echoes(t, c, r, "before\n", 5*time.Second) {
+		t.Fatal("no echo through the proxy before the latency was set")
+	}
+
+	const oneWay, jitter = 50 * time.Millisecond, 20 * time.Millisecond
+	p.SetLatency(oneWay, jitter)
+	// A round trip through the proxy takes at least twice the one-way
+	// latency (the echo server answers at once): both ways are delayed.
+	for i := range 3 {
+		start := time.Now()
+		if !echoes(t, c, r, fmt.Sprintf("ping %d\n", i), 10*time.Second) {
+			t.Fatalf("ping %d did not come back through the proxy", i)
+		}
+		if took := time.Since(start); took < 2*oneWay {
+			t.Fatalf("ping %d came back after %s, want at least %s (%s each way)", i, took, 2*oneWay, oneWay)
+		}
+	}
+
+	// Many small writes in a row (chunks of their own, each drawn its own
+	// delay), then a large one: everything comes back whole and in order.
+	var want bytes.Buffer
+	for i := range 2000 {
+		fmt.Fprintf(&want, "%06d\n", i)
+	}
+	want.Write(caddyproc.Pattern(1 << 20))
+	written := make(chan error, 1)
+	go func() {
+		b := want.Bytes()
+		for i := 0; i < 2000*7; i += 7 {
+			if _, err := c.Write(b[i : i+7]); err != nil {
+				written <- err
+				return
+			}
+		}
+		_, err := c.Write(b[2000*7:])
+		written <- err
+	}()
+	got := make([]byte, want.Len())
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if n, err := io.ReadFull(r, got); err != nil {
+		t.Fatalf("read %d of %d bytes back through the proxy: %v", n, want.Len(), err)
+	}
+	if err := <-written; err != nil {
+		t.Fatalf("writing through the proxy: %v", err)
+	}
+	if !bytes.Equal(got, want.Bytes()) {
+		i := 0
+		for i < len(got) && got[i] == want.Bytes()[i] {
+			i++
+		}
+		t.Fatalf("the bytes came back changed from offset %d: %q, want %q", i, got[i:min(len(got), i+32)], want.Bytes()[i:min(want.Len(), i+32)])
+	}
+
+	// No latency again: bytes still flow.
+	p.SetLatency(0, 0)
+	if !echoes(t, c, r, "after\n", 5*time.Second) {
+		t.Fatal("no echo after the latency was taken away")
 	}
 }
