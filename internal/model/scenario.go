@@ -115,16 +115,15 @@ func (g *gen) scenarioStep(kind string) (Step, bool) {
 		st.Timing = &timing{At: []float64{0, 1.1}, Fault: &fault{Kind: "stall", Paths: "a", From: 0.7, To: 1.2}}
 	case scTakeover:
 		// Path a cut from 0.3 to 2.3 leases: its lease lapses by 1.4; path
-		// b takes the key over at 1.8 and runs; the owner's answer comes
-		// at 3 and must be fenced: later replays are path b's.
+		// b takes the key over at 1.8 and runs until 3.5; the owner's
+		// answer comes at 3, while the taker still runs, and must be
+		// fenced: later replays are path b's.
 		in := g.scenarioIntent()
 		owner := g.scenarioAttempt(in, "a", Behaviour{Status: 201, Size: 200, BreakAfter: -1})
 		owner.Leases = 3
-		st.Attempts = []*Attempt{
-			owner,
-			g.scenarioAttempt(in, "b", Behaviour{Status: 201, Size: 120, BreakAfter: -1}),
-			g.scenarioAttempt(in, "a", g.fast()), g.scenarioAttempt(in, "b", g.fast()),
-		}
+		taker := g.scenarioAttempt(in, "b", Behaviour{Status: 201, Size: 120, BreakAfter: -1})
+		taker.Leases = 1.7
+		st.Attempts = []*Attempt{owner, taker, g.scenarioAttempt(in, "a", g.fast()), g.scenarioAttempt(in, "b", g.fast())}
 		st.Timing = &timing{At: []float64{0, 1.8, afterOwner, afterOwner}, Fault: &fault{Kind: pick(r, "cut", "stall"), Paths: "a", From: 0.3, To: 2.3}}
 	case scAftercare:
 		// Path a cut from 1.0 to 1.5 leases; its request's answer comes at

@@ -16,7 +16,7 @@ import (
 const stallTimeout = 2 * time.Second
 
 // afterOwner, as a timing, sends an attempt once Caddy is done with the
-// scenario's first one.
+// attempts before it that are not sent after the owner themselves.
 const afterOwner = math.MaxFloat64
 
 // runScenario runs a scenario step and judges it; false when the step is
@@ -111,10 +111,15 @@ func (x *trialRun) runTimed(st Step) []*outcome {
 		switch d := tm.At[i+1]; {
 		case d < 0:
 		case d == afterOwner:
+			before := st.Attempts[:i+1]
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				waitDone(first.ID, time.Minute)
+				for k, b := range before {
+					if k == 0 || tm.At[k] != afterOwner {
+						waitDone(b.ID, time.Minute)
+					}
+				}
 				send(a)
 			}()
 		case i+1 == last && tm.Every > 0:
