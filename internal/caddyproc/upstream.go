@@ -31,6 +31,9 @@ import (
 //	                        in chunks of ChunkSize, each flushed
 //	X-Upstream-Chunk-Delay: with X-Upstream-Size, milliseconds to pause
 //	                        after each chunk: a slow download
+//	X-Upstream-Unsized:     with X-Upstream-Size, "true": declare no
+//	                        Content-Length, so that only the end of the
+//	                        stream tells a client the answer is whole
 //
 // Every response also carries X-Execution, the request's number among all
 // the upstream served.
@@ -158,7 +161,9 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if size, err := strconv.Atoi(r.Header.Get("X-Upstream-Size")); err == nil && size >= 0 {
 		pause, _ := strconv.Atoi(r.Header.Get("X-Upstream-Chunk-Delay"))
 		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Content-Length", strconv.Itoa(size))
+		if r.Header.Get("X-Upstream-Unsized") != "true" {
+			w.Header().Set("Content-Length", strconv.Itoa(size))
+		}
 		w.WriteHeader(status)
 		all := Pattern(size)
 		for len(all) > 0 {
