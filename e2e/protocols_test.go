@@ -2,27 +2,18 @@ package e2e
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
@@ -113,53 +104,12 @@ func (srv *protoSite) logOnFailure(t *testing.T) {
 // pool that trusts the certificate.
 func localCert(t *testing.T) (certFile, keyFile string, roots *x509.CertPool) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	c, err := caddyproc.NewCert(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(time.Now().UnixNano()),
-		Subject:               pkix.Name{CommonName: "caddy-idempotency e2e"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
-		DNSNames:              []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	roots = x509.NewCertPool()
-	roots.AddCert(cert)
-	return certFile, keyFile, roots
+	return c.CertFile, c.KeyFile, c.Roots
 }
-
-// slowClientWindow is how much of an answer a slow client lets the server
-// send ahead of what it has read: the HTTP/2 and HTTP/3 stream flow control
-// window (the connection's is a few times larger). Go's HTTP/2 client
-// would otherwise take 4 MiB per stream, quic-go's up to 6 MiB, into
-// buffers of their own, whatever the reader does.
-const slowClientWindow = 16 << 10
 
 // slowClientReceiveBuffer and slowClientMSS shape an HTTP/1.1 client's
 // TCP connection: a small receive buffer and an Ethernet-sized segment,
@@ -181,7 +131,6 @@ const (
 func (srv *protoSite) client(t *testing.T, slow bool) *http.Client {
 	t.Helper()
 	var rt http.RoundTripper
-	tlsConf := &tls.Config{RootCAs: srv.roots}
 	switch srv.proto {
 	case overH1:
 		dialer := &net.Dialer{Timeout: 5 * time.Second}
@@ -193,34 +142,15 @@ func (srv *protoSite) client(t *testing.T, slow bool) *http.Client {
 		tr.Protocols.SetHTTP1(true)
 		t.Cleanup(tr.CloseIdleConnections)
 		rt = tr
-	case overH2, overH2C:
-		tr := &http.Transport{TLSClientConfig: tlsConf, DisableCompression: true}
-		tr.Protocols = new(http.Protocols)
-		if srv.proto.tls {
-			tr.Protocols.SetHTTP2(true)
-		} else {
-			tr.Protocols.SetUnencryptedHTTP2(true)
-		}
-		if slow {
-			tr.HTTP2 = &http.HTTP2Config{
-				MaxReceiveBufferPerStream:     slowClientWindow,
-				MaxReceiveBufferPerConnection: 64 << 10, // the least Go allows
-			}
-		}
-		t.Cleanup(tr.CloseIdleConnections)
-		rt = tr
-	case overH3:
-		tr := &http3.Transport{TLSClientConfig: tlsConf, DisableCompression: true}
-		if slow {
-			tr.QUICConfig = &quic.Config{
-				InitialStreamReceiveWindow:     slowClientWindow,
-				MaxStreamReceiveWindow:         slowClientWindow,
-				InitialConnectionReceiveWindow: 4 * slowClientWindow,
-				MaxConnectionReceiveWindow:     4 * slowClientWindow,
-			}
-		}
-		t.Cleanup(func() { tr.Close() })
-		rt = tr
+	case overH2, overH2C, overH3:
+		// Slow: the small flow-control windows of caddyproc.SlowWindow.
+		// Go's HTTP/2 client would otherwise take 4 MiB per stream,
+		// quic-go's up to 6 MiB, into buffers of their own, whatever the
+		// reader does.
+		p := map[string]caddyproc.Proto{"h2": caddyproc.H2, "h2c": caddyproc.H2C, "h3": caddyproc.H3}[srv.proto.name]
+		cert := &caddyproc.Cert{Roots: srv.roots}
+		rt = cert.Transport(p, slow)
+		t.Cleanup(func() { caddyproc.CloseTransport(rt) })
 	default:
 		t.Fatalf("unknown protocol %q", srv.proto.name)
 	}

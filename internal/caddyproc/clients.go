@@ -96,7 +96,7 @@ const SlowWindow = 16 << 10
 func (c *Cert) Transport(p Proto, slow bool) http.RoundTripper {
 	var tc *tls.Config
 	if c != nil {
-		tc = &tls.Config{RootCAs: c.Roots, ServerName: "localhost", MinVersion: tls.VersionTLS12}
+		tc = &tls.Config{RootCAs: c.Roots, MinVersion: tls.VersionTLS12}
 	}
 	if p == H3 {
 		qc := &quic.Config{MaxIdleTimeout: time.Minute}
