@@ -176,7 +176,7 @@ func TestLongRequestKeepsItsLease(t *testing.T) {
 	// The upstream takes 3x lock_timeout: without renewal a retry would
 	// take the key over and run it a second time.
 	backends(t).run(func(t *testing.T, b *testStore) {
-		h := b.handler(t, &Handler{LockTimeout: caddy.Duration(time.Second)})
+		h := b.handler(t, &Handler{LockTimeout: caddy.Duration(time.Second), InFlight: inFlightReject})
 		up := slowUpstream(3 * time.Second)
 		done := make(chan struct{})
 		go func() { serve(h, up, request("k", "{}")); close(done) }()

@@ -46,7 +46,7 @@ func TestPreferredWait(t *testing.T) {
 }
 
 func TestWaitIsTheLesserOfPreferenceAndWaitTimeout(t *testing.T) {
-	h := isolated(t, &Handler{WaitTimeout: caddy.Duration(3 * time.Second)})
+	h := isolated(t, &Handler{InFlight: inFlightReject, WaitTimeout: caddy.Duration(3 * time.Second)})
 	r := request("k", "{}")
 	r.Header.Set("Prefer", "wait=30")
 	if wait, asked := h.waitFor(r); wait != 3*time.Second || !asked {
@@ -55,7 +55,7 @@ func TestWaitIsTheLesserOfPreferenceAndWaitTimeout(t *testing.T) {
 	if wait, _ := h.waitFor(request("k", "{}")); wait != 0 {
 		t.Errorf("no preference on a reject route: waits %v", wait)
 	}
-	w := isolated(t, &Handler{InFlight: "wait", WaitTimeout: caddy.Duration(3 * time.Second)})
+	w := isolated(t, &Handler{WaitTimeout: caddy.Duration(3 * time.Second)}) // wait: the default
 	if wait, asked := w.waitFor(request("k", "{}")); wait != 3*time.Second || asked {
 		t.Errorf("no preference on a wait route: %v %v", wait, asked)
 	}

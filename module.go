@@ -150,9 +150,12 @@ type Handler struct {
 	ReleaseOn []string `json:"release_on,omitempty"`
 
 	// What a request gets while another with the same key is running:
-	// "reject" (409 with Retry-After) or "wait" (block until the first
-	// finishes and replay its response; 409 after wait_timeout).
-	// Default: reject.
+	// "wait" (block until the first finishes and replay its response;
+	// 409 with Retry-After after wait_timeout, or at once when 1,000
+	// requests of the handler wait already) or "reject" (409 at once,
+	// unless the request says Prefer: wait=N). Default: wait, because
+	// real clients give up on a 409 within a second or two and then send
+	// the same intent under a new key.
 	InFlight string `json:"in_flight,omitempty"`
 
 	// How long a request waits at most for the first request with its key
@@ -379,7 +382,7 @@ func (h *Handler) compile() (policy, error) {
 	}
 	switch h.InFlight {
 	case "", inFlightReject, inFlightWait:
-		p.inFlight = cmp.Or(h.InFlight, inFlightReject)
+		p.inFlight = cmp.Or(h.InFlight, inFlightWait)
 	default:
 		return policy{}, opterr.Errorf("in_flight", "in_flight must be %q or %q, got %q", inFlightReject, inFlightWait, h.InFlight)
 	}

@@ -82,7 +82,7 @@ func TestProvisionDefaults(t *testing.T) {
 		{"max_response_size", h.maxResponseSize, int64(1 << 20)},
 		{"fingerprint.headers", h.fingerprint.Headers(), []string{"Content-Type"}},
 		{"fingerprint.canonical_json (effective)", h.fingerprint.CanonicalJSON(), true},
-		{"in_flight", h.inFlight, "reject"},
+		{"in_flight", h.inFlight, "wait"},
 		{"wait_timeout", time.Duration(h.waitTimeout), 10 * time.Second},
 		{"on_storage_error", h.onStorageError, "fail_closed"},
 		{"replay_header (effective)", h.replayHeader, "Idempotent-Replayed"},

@@ -18,7 +18,7 @@ const lockTimeout = time.Second
 func twoInstances(t *testing.T, store backend) (up *caddyproc.Upstream, a, b *caddyproc.Instance) {
 	t.Helper()
 	up = newUpstream(t)
-	s := site{routes: route(up, store.storage+"\nlock_timeout "+lockTimeout.String())}
+	s := site{routes: route(up, store.storage+"\nlock_timeout "+lockTimeout.String()+"\nin_flight reject")}
 	return up, startCaddy(t, "a", s), startCaddy(t, "b", s)
 }
 

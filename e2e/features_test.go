@@ -162,6 +162,38 @@ func TestIgnoredMembersDoNotMakeRetriesMismatch(t *testing.T) {
 	}
 }
 
+// TestARetryWaitsForTheFirstRequestByDefault: with default options, a
+// retry sent while the first request runs waits for it and gets its
+// answer (real SDKs give up on a 409 within a second or two and then send
+// the intent again under a new key); one whose first request outlasts
+// wait_timeout gets 409 with Retry-After once it has waited that long.
+func TestARetryWaitsForTheFirstRequestByDefault(t *testing.T) {
+	for _, b := range allBackends {
+		t.Run(b.name, func(t *testing.T) {
+			store := b.open(t)
+			up := newUpstream(t)
+			inst := startCaddy(t, "caddy", site{routes: route(up, store.storage+"\nwait_timeout 2s")})
+			first := running(t, up, inst, "dw", `{"amount":10}`, 1500*time.Millisecond)
+			if r := post(inst.URL(), "/orders", "dw", `{"amount":10}`); !r.isReplayOf(1) {
+				t.Fatalf("retry while the first runs: %s, want it to wait and get the first's answer", describe(r))
+			}
+			if f := <-first; !f.isNew() {
+				t.Fatalf("first: %s", describe(f))
+			}
+			assertExecutions(t, up, "dw", 1)
+
+			long := running(t, up, inst, "dl", `{"amount":10}`, 5*time.Second)
+			sent := time.Now()
+			r := post(inst.URL(), "/orders", "dl", `{"amount":10}`)
+			if !r.isConflict() || r.header.Get("Retry-After") == "" || time.Since(sent) < 2*time.Second {
+				t.Fatalf("retry while a first request of 5s runs, wait_timeout 2s: %s after %s, want 409 with Retry-After after waiting 2s", describe(r), time.Since(sent).Round(time.Millisecond))
+			}
+			<-long
+			assertExecutions(t, up, "dl", 1)
+		})
+	}
+}
+
 func TestPreferWaitWaitsForTheFirstRequestOnARejectRoute(t *testing.T) {
 	for _, b := range allBackends {
 		t.Run(b.name, func(t *testing.T) {

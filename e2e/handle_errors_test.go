@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,7 +12,7 @@ import (
 // routes, as Caddy users render errors site-wide.
 func TestRejectionsCanBeRenderedByHandleErrors(t *testing.T) {
 	up := newUpstream(t)
-	inst := startCaddy(t, "caddy", site{routes: route(up, "errors handle_errors\nrequired") +
+	inst := startCaddy(t, "caddy", site{routes: route(up, "errors handle_errors\nrequired\nin_flight reject") +
 		"\thandle_errors {\n\t\trespond \"custom {http.error.status_code} {http.idempotency.problem}: {http.error.message}\"\n\t}\n"})
 	want := func(what string, r reply, status int, problem string) {
 		t.Helper()
@@ -35,5 +36,26 @@ func TestRejectionsCanBeRenderedByHandleErrors(t *testing.T) {
 	want("while the first runs", r, 409, "request-outstanding")
 	if r.header.Get("Retry-After") != "1" {
 		t.Errorf("409 through handle_errors: Retry-After %q, want 1", r.header.Get("Retry-After"))
+	}
+}
+
+// TestProblemsCanTakeAClientsErrorShape: the recipe of docs/clients.md
+// renders a rejection in Stripe's shape ({"error": {...}}), which its
+// library throws on instead of taking it for a successful object.
+func TestProblemsCanTakeAClientsErrorShape(t *testing.T) {
+	up := newUpstream(t)
+	inst := startCaddy(t, "caddy", site{routes: route(up, "errors handle_errors") +
+		"\thandle_errors {\n\t\theader Content-Type application/json\n" +
+		"\t\trespond `{\"error\":{\"type\":\"idempotency_error\",\"code\":\"{http.idempotency.problem}\",\"message\":\"{http.error.message}\"}}` {http.error.status_code}\n\t}\n"})
+	if r := post(inst.URL(), "/orders", "shape", `{"amount":1}`); !r.isNew() {
+		t.Fatalf("first: %s", describe(r))
+	}
+	r := post(inst.URL(), "/orders", "shape", `{"amount":2}`)
+	var body struct {
+		Error struct{ Type, Code, Message string } `json:"error"`
+	}
+	if err := json.Unmarshal(r.body, &body); err != nil || r.status != 422 || r.header.Get("Content-Type") != "application/json" ||
+		body.Error.Code != "urn:caddy-idempotency:key-reused" || !strings.Contains(body.Error.Message, "/amount") {
+		t.Fatalf("a key reused for another request: %s (%v), want a 422 in the error shape naming /amount", describe(r), err)
 	}
 }

@@ -161,7 +161,7 @@ func TestRequestRunningAcrossAReloadKeepsItsLeaseAndRunsOnce(t *testing.T) {
 	store := onRedis(t, sharedRedisAddr(t), "")
 	up := newUpstream(t)
 	s := func(ttl time.Duration) site {
-		return site{routes: route(up, store.storage+"\nlock_timeout "+lockTimeout.String()+"\nttl "+ttl.String())}
+		return site{routes: route(up, store.storage+"\nlock_timeout "+lockTimeout.String()+"\nttl "+ttl.String()+"\nin_flight reject")}
 	}
 	inst := startCaddy(t, "caddy", s(time.Hour))
 	pid := inst.PID()

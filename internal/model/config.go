@@ -55,7 +55,7 @@ type Policy struct {
 	NotCanonical     bool
 	Ignore           []string
 	ReleaseOn        []string
-	Wait             bool // in_flight wait
+	InFlight         string // in_flight: wait, reject, or "" (the default, wait)
 	FailOpen         bool
 	ReplayHeader     string // "off" turns it off
 	KeyJSON          string
@@ -122,6 +122,9 @@ type Config struct {
 
 // effective returns p with the defaults filled in.
 func (p Policy) effective() Policy {
+	if p.InFlight == "" {
+		p.InFlight = "wait"
+	}
 	if p.TTL == 0 {
 		p.TTL = defaultTTL
 	}
@@ -255,8 +258,8 @@ func (c *Config) handlerJSON(i int, path string) map[string]any {
 	if len(p.ReleaseOn) > 0 {
 		m["release_on"] = p.ReleaseOn
 	}
-	if p.Wait {
-		m["in_flight"] = "wait"
+	if p.InFlight != "" {
+		m["in_flight"] = p.InFlight
 	}
 	if p.FailOpen {
 		m["on_storage_error"] = "fail_open"
@@ -447,10 +450,16 @@ func (c *Config) fresh(tok string) *Config {
 // others otherwise, a small PostgreSQL pool under many leases (the pool
 // renewals once queued behind), and the fill site.
 func adapt(c *Config, r *rand.Rand, cover []string) {
+	hs := c.Layout.Handlers
+	// Version 2 draws the default in_flight (wait) too.
+	for i := range hs {
+		if r.IntN(2) == 0 {
+			hs[i].InFlight = ""
+		}
+	}
 	if len(cover) == 0 {
 		return
 	}
-	hs := c.Layout.Handlers
 	enforcing := false
 	for _, p := range hs {
 		enforcing = enforcing || !p.Observe
@@ -564,7 +573,12 @@ func genPolicy(r *rand.Rand) Policy {
 	case 1:
 		p.ReleaseOn = []string{"4xx", "5xx"}
 	}
-	p.Wait = r.IntN(4) == 0
+	// Version 1 drew wait or the default, then reject: it says reject
+	// now (adapt may leave it to the default).
+	p.InFlight = "reject"
+	if r.IntN(4) == 0 {
+		p.InFlight = "wait"
+	}
 	p.FailOpen = r.IntN(4) == 0
 	switch r.IntN(6) {
 	case 0:

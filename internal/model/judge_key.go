@@ -142,7 +142,7 @@ func waits(a *Attempt, p Policy) (time.Duration, bool) {
 			return min(time.Duration(min(n, 1<<40))*time.Second, p.WaitTimeout), true
 		}
 	}
-	if p.Wait {
+	if p.InFlight == "wait" {
 		return p.WaitTimeout, true
 	}
 	return 0, false

@@ -103,7 +103,7 @@ var simplifications = []func(c *Config) bool{
 		return simplifyPolicy(c, func(p *Policy) bool { r := p.KeyJSON != ""; p.KeyJSON = ""; return r })
 	},
 	func(c *Config) bool {
-		return simplifyPolicy(c, func(p *Policy) bool { r := p.Wait; p.Wait = false; return r })
+		return simplifyPolicy(c, func(p *Policy) bool { r := p.InFlight != ""; p.InFlight = ""; return r })
 	},
 	func(c *Config) bool {
 		return simplifyPolicy(c, func(p *Policy) bool { r := p.ReplayHeader != ""; p.ReplayHeader = ""; return r })
