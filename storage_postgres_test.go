@@ -24,7 +24,7 @@ func TestPostgresProvisionNeedsNoServer(t *testing.T) {
 func TestAMaxKeyLengthPostgresCannotIndexIsRefusedAtStart(t *testing.T) {
 	for _, cache := range []string{``, `,"replay_cache":{"max_entries":10}`} {
 		ctx, _ := caddyContext(t)
-		h := &Handler{MaxKeyLength: 3000, StorageRaw: json.RawMessage(`{"backend":"postgres","dsn":"postgres://db/app"` + cache + `}`)}
+		h := &Handler{MaxKeyLength: 3000, StorageRaw: json.RawMessage(`{"backend":"postgres","dsn":"postgres://127.0.0.1:9/app"` + cache + `}`)}
 		err := tryProvision(t, ctx, h)
 		if err == nil || !strings.Contains(err.Error(), "max_key_length 3000") || !strings.Contains(err.Error(), "at most 2624") {
 			t.Errorf("provision with max_key_length 3000%s: %v, want an error naming max_key_length and the store's bound", cache, err)
@@ -32,7 +32,7 @@ func TestAMaxKeyLengthPostgresCannotIndexIsRefusedAtStart(t *testing.T) {
 		_ = h.Cleanup()
 	}
 	ctx, _ := caddyContext(t)
-	h := &Handler{MaxKeyLength: 2624, StorageRaw: json.RawMessage(`{"backend":"postgres","dsn":"postgres://db/app"}`)}
+	h := &Handler{MaxKeyLength: 2624, StorageRaw: json.RawMessage(`{"backend":"postgres","dsn":"postgres://127.0.0.1:9/app"}`)}
 	if err := tryProvision(t, ctx, h); err != nil {
 		t.Fatalf("max_key_length at the bound: %v", err)
 	}

@@ -36,6 +36,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 type options struct {
@@ -96,6 +98,14 @@ func main() {
 		o.rates = append(o.rates, f)
 	}
 
+	// The benchmark sends nothing off the machine, not even a name lookup.
+	testutil.GuardLookups()
+	defer func() {
+		if names := testutil.LookedUp(); len(names) > 0 {
+			fmt.Fprintf(os.Stderr, "bench: looked up names other than localhost: %q\n", names)
+			os.Exit(1)
+		}
+	}()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)

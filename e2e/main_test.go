@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // caddyBin is the Caddy binary built from this checkout for the run.
@@ -13,7 +14,8 @@ var caddyBin string
 
 // TestMain builds Caddy once for every test. A failed build fails the
 // package: an end-to-end suite that skips when the product does not build
-// proves nothing.
+// proves nothing. A name looked up by a test fails it too
+// (testutil.RunWithoutLookups).
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "caddy-idempotency-e2e-")
 	if err != nil {
@@ -26,7 +28,7 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
-	code := m.Run()
+	code := testutil.RunWithoutLookups(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/internal/knobs"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // The model-based randomized test: configurations, request sequences and
@@ -51,7 +52,7 @@ func TestMain(m *testing.M) {
 	// The model's clients sleep and read slowly against a stall timeout
 	// of seconds, not the production's ten (see stallTimeout).
 	knobs.ClientStallTimeout.Store(int64(stallTimeout))
-	os.Exit(m.Run())
+	os.Exit(testutil.RunWithoutLookups(m))
 }
 
 // setting is a store under particular server settings.

@@ -14,6 +14,7 @@ import (
 	"unicode"
 
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 )
@@ -300,6 +301,7 @@ func newClient(o ClientOptions, renew bool) (goredis.UniversalClient, error) {
 		opt.ReadTimeout, opt.WriteTimeout = rwTimeout, rwTimeout
 		opt.ContextTimeoutEnabled = true
 		opt.DialerRetries = 1
+		opt.MaintNotificationsConfig = noMaintNotifications()
 		c := goredis.NewClient(opt)
 		if hook != nil {
 			c.AddHook(hook)
@@ -324,7 +326,8 @@ func newClient(o ClientOptions, renew bool) (goredis.UniversalClient, error) {
 		// Each command is already retried (MaxRetries) on a fresh
 		// connection; retrying every dial on top would multiply the time
 		// a request waits while Redis is down.
-		DialerRetries: 1,
+		DialerRetries:            1,
+		MaintNotificationsConfig: noMaintNotifications(),
 	}
 	switch {
 	case tlsConfig != nil:
@@ -351,6 +354,18 @@ func newClient(o ClientOptions, renew bool) (goredis.UniversalClient, error) {
 	c := goredis.NewUniversalClient(opt)
 	c.AddHook(hook)
 	return c, nil
+}
+
+// noMaintNotifications turns off go-redis's maintenance notifications (a
+// Redis Cloud feature that moves connections ahead of a server's
+// upgrade). In their default mode, auto, go-redis looks the server's host
+// name up when the client is built, to tell an internal address from an
+// external one, waiting up to two seconds: building a client would then
+// touch the network (and Caddy's start would wait on a slow resolver),
+// which a store must never do before its first operation. Stores of this
+// module reconnect on their own when a server goes away.
+func noMaintNotifications() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
 
 // defaultDeadline is a hook that gives a command or pipeline sent without

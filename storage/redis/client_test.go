@@ -8,6 +8,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )
 
@@ -190,5 +191,29 @@ func TestClientOptionsCheck(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), ":p@") {
 			t.Errorf("error %q quotes a password", err)
 		}
+	}
+}
+
+// TestBuildingAClientLooksNothingUp: a client is built without touching
+// the network, not even a name lookup (go-redis's maintenance
+// notifications would look the host up at once): Caddy starts whatever
+// the resolver does.
+func TestBuildingAClientLooksNothingUp(t *testing.T) {
+	before := len(testutil.LookedUp())
+	for _, o := range []redis.ClientOptions{
+		{URL: "rediss://cache.example:6380/2"},
+		{Addrs: []string{"node1.example:6379", "node2.example:6379"}},
+		{Addrs: []string{"sentinel.example:26379"}, MasterName: "main"},
+	} {
+		for _, build := range []func(redis.ClientOptions) (goredis.UniversalClient, error){redis.NewClient, redis.NewRenewClient} {
+			c, err := build(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+		}
+	}
+	if got := testutil.LookedUp(); len(got) > before {
+		t.Fatalf("building clients looked up %q", got[before:])
 	}
 }
