@@ -194,6 +194,9 @@ const (
 	Lock FaultKind = "lock"
 )
 
+// OnALink reports whether the fault is on an instance's link to a store.
+func (k FaultKind) OnALink() bool { return k == Stall || k == Cut || k == Latency }
+
 // Fault is one fault, from when it began to when it was healed (for a
 // kill, the restarted instance answering; for a store, the store taking
 // connections again).

@@ -7,7 +7,8 @@ import (
 
 // checkLiveness is invariant 4: once the faults stopped and the quiet
 // period passed, the sweep's bounded retries got every intent a final
-// answer. A key still answering 409 is stuck in flight.
+// answer. A key still answering 409 is stuck in flight. Made-up
+// credentials never come back: the sweep leaves them out.
 //
 // A key that checkFill reported (refused store-full by a store made-up
 // sources filled) is not reported again when the sweep met the same.
@@ -17,6 +18,9 @@ func (ix *index) checkLiveness(r *Report, filled map[int]bool) {
 	}
 	for i := range ix.h.Intents {
 		in := &ix.h.Intents[i]
+		if in.MadeUp() {
+			continue // never comes back: the sweep leaves it out
+		}
 		var last *Attempt
 		n := 0
 		for _, a := range ix.attempts[in.ID] {

@@ -16,8 +16,8 @@ import (
 func (ix *index) checkLocks(r *Report) {
 	for fi := range ix.h.Faults {
 		f := &ix.h.Faults[fi]
-		if f.Kind != Lock {
-			continue
+		if f.Kind != Lock || f.Key == "" {
+			continue // a lock that failed to take its row held nothing
 		}
 		for i := range ix.h.Intents {
 			in := &ix.h.Intents[i]
@@ -79,7 +79,7 @@ func (ix *index) othersInFlight(in *Intent, a *Attempt) bool {
 func (ix *index) lockDuring(in *Intent, a *Attempt) *Fault {
 	for i := range ix.h.Faults {
 		f := &ix.h.Faults[i]
-		if f.Kind == Lock && f.Store == in.Store && overlaps(a, f) {
+		if f.Kind == Lock && f.Key != "" && f.Store == in.Store && overlaps(a, f) {
 			return f
 		}
 	}
@@ -92,7 +92,7 @@ func (ix *index) locksBetween(in *Intent, from, to time.Duration) string {
 	var parts []string
 	for i := range ix.h.Faults {
 		f := &ix.h.Faults[i]
-		if f.Kind == Lock && f.Store == in.Store && (f.Key != in.Key || f.Scope != in.Scope) && f.Start <= to && f.End >= from {
+		if f.Kind == Lock && f.Key != "" && f.Store == in.Store && (f.Key != in.Key || f.Scope != in.Scope) && f.Start <= to && f.End >= from {
 			parts = append(parts, f.Describe())
 		}
 	}
