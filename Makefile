@@ -11,12 +11,19 @@
 #   make bench   the load benchmark (see docs/performance.md; needs wrk, about
 #                30 minutes); BENCH_FLAGS="-write docs/performance.md" records
 #                the result
-#   make soak    the chaos soak (not part of make test; a few minutes): Caddy
-#                instances, a persistent Redis and a PostgreSQL of its own, retrying
-#                clients and a seeded nemesis; ends with "N anomalies" and fails on
-#                any. SOAK_FLAGS="-seed 42" replays a run (go run ./soak -h). Then a
-#                longer run of the randomized test (internal/model; about 4
-#                minutes), MODEL_FLAGS.
+#   make soak    the chaos soak (not part of make test; a few minutes: about 4
+#                for the soak's 3 minutes of faults, its quiet period and sweep):
+#                Caddy instances (plain HTTP/1.1 and h2c, TLS with HTTP/2 and
+#                HTTP/3), a persistent Redis and a PostgreSQL of its own, retrying
+#                clients, a scale wave of 300 long requests per instance, clients
+#                that read slowly, stall or hang up over every protocol, made-up
+#                credentials filling a memory store, and a seeded nemesis (kills,
+#                pauses, store restarts, black holes, cuts, latency, rows locked
+#                by an outside transaction); ends with "N anomalies" and fails on
+#                any. SOAK_FLAGS="-seed 42" replays a run; SOAK_FLAGS="-scale 1500
+#                -store-latency 30ms" is production's scale and timing (go run
+#                ./soak -h). Then a longer run of the randomized test
+#                (internal/model; about 4 minutes), MODEL_FLAGS.
 #   make fuzz    longer fuzzing runs of every fuzz target (FUZZTIME each, default 1m)
 #                A duration budget can end in a spurious "context deadline exceeded"
 #                on Go 1.26 (golang/go#75804); make test therefore uses fuzz-short,

@@ -197,8 +197,14 @@ func run(o options) int {
 	for i, n := range c.nodes {
 		names[i] = n.name
 	}
+	var quiet []window
+	if o.scale > 0 {
+		for w := range o.scaleWaves {
+			quiet = append(quiet, waveQuiet(o.duration, w, o.scaleWaves, o.lockTimeout))
+		}
+	}
 	schedule := plan(scheduleOptions{seed: o.seed, length: o.duration, every: o.every, instances: names,
-		lockTimeout: o.lockTimeout, storeTimeout: o.storeTimeout, kinds: kinds})
+		lockTimeout: o.lockTimeout, storeTimeout: o.storeTimeout, kinds: kinds, quiet: quiet})
 	logf("%d instances, lock_timeout %s, tolerance %.2f, %d client workers, %d faults over %s",
 		len(c.nodes), o.lockTimeout, o.tolerance, o.clients, len(schedule), o.duration)
 	logf("%d slow clients, %d scale wave(s) of %d requests per instance, memory stores of %d filled by made-up credentials, store links %s + %s away",

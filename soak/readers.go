@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
@@ -56,20 +57,16 @@ func (r *reader) read(ctx context.Context, body io.Reader) ([]byte, error) {
 
 // transport is a client of its own for p with small windows: HTTP/2 and
 // HTTP/3 trust the instances' certificate (caddyproc.Cert.Transport);
-// HTTP/1.1 has a 4 KiB receive buffer, so that the server's writes wait.
+// HTTP/1.1 has a 4 KiB receive buffer and an Ethernet-sized MSS
+// (slowSocket), so that the server's writes wait for it.
 func (c *clients) transport(p caddyproc.Proto) http.RoundTripper {
 	if p != caddyproc.H1 {
 		return c.cert.Transport(p, true)
 	}
-	d := &net.Dialer{Timeout: 2 * time.Second}
-	t := &http.Transport{DisableCompression: true, Protocols: new(http.Protocols),
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := d.DialContext(ctx, network, addr)
-			if tc, ok := conn.(*net.TCPConn); ok {
-				_ = tc.SetReadBuffer(4 << 10)
-			}
-			return conn, err
-		}}
+	d := &net.Dialer{Timeout: 2 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(slowSocket)
+	}}
+	t := &http.Transport{DisableCompression: true, Protocols: new(http.Protocols), DialContext: d.DialContext}
 	t.Protocols.SetHTTP1(true)
 	return t
 }
@@ -132,7 +129,7 @@ func slowIntent(seed int64, worker, workers, n int, L time.Duration) (intentSpec
 		// Stops reading past the stall timeout, then resumes: it gets
 		// the whole answer or an error, never a clean end after part.
 		rd.mode, rd.stall = history.ReadStall, secs(12, 25)
-		in.size = 200_000 + rng.IntN(700_001)
+		in.size = 600_000 + rng.IntN(400_001) // below max_response_size (1 MiB)
 		takes = rd.stall + 20*time.Second
 	case slowHangUp:
 		// Reads slowly, then hangs up: the answer is still read to the

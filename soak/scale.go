@@ -52,13 +52,26 @@ func (c *clients) scaleWave(ctx context.Context, wave, n int, on []route) {
 	}
 }
 
+// waveAt is when wave w of waves starts: spread over the run's length
+// (one wave: in the middle).
+func waveAt(length time.Duration, w, waves int) time.Duration {
+	return length * time.Duration(2*w+1) / time.Duration(2*waves)
+}
+
+// waveQuiet is the window of wave w in which the nemesis stays quiet:
+// from a second before it to when its last requests (sent within
+// scaleSpread, working up to 3 lock_timeouts) and their retries are
+// answered, with a margin.
+func waveQuiet(length time.Duration, w, waves int, L time.Duration) window {
+	at := waveAt(length, w, waves)
+	return window{from: at - time.Second, to: at + scaleSpread + 4*L + 2*time.Second}
+}
+
 // scaleWaves sends waves waves of n keys per instance while issue lasts,
-// spread over its length (one wave: in the middle); done ends their
-// senders (an interrupted run).
+// spread over its length; done ends their senders (an interrupted run).
 func (c *clients) scaleWaves(issue, done context.Context, start time.Time, length time.Duration, waves, n int, on []route) {
 	for w := range waves {
-		at := length * time.Duration(2*w+1) / time.Duration(2*waves)
-		sleep(issue, time.Until(start.Add(at)))
+		sleep(issue, time.Until(start.Add(waveAt(length, w, waves))))
 		if issue.Err() != nil {
 			return
 		}

@@ -57,6 +57,23 @@ type scheduleOptions struct {
 	storeTimeout time.Duration
 	// kinds are the faults drawn (nil: every kind), by their weights.
 	kinds map[history.FaultKind]bool
+	// quiet are windows in which no fault may be under way: the scale
+	// waves, judged on scale and timing alone (an outage would excuse
+	// what they find).
+	quiet []window
+}
+
+// window is a stretch of a run, from its start.
+type window struct{ from, to time.Duration }
+
+// overlaps reports whether [from, to] meets any of ws.
+func overlaps(ws []window, from, to time.Duration) bool {
+	for _, w := range ws {
+		if from < w.to && to > w.from {
+			return true
+		}
+	}
+	return false
 }
 
 // faultWeights are how often each kind of fault is drawn, in percent.
@@ -144,7 +161,7 @@ func plan(o scheduleOptions) []planned {
 				p.Instance, p.Store, p.Variant = "", history.Postgres, rng.IntN(2)
 				target, lasts = "store "+p.Store, p.For+time.Second
 			}
-			if busy[target] > at {
+			if busy[target] > at || overlaps(o.quiet, at, at+lasts) {
 				continue
 			}
 			busy[target] = at + lasts

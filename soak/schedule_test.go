@@ -178,6 +178,31 @@ func TestAScheduleCanBeLimitedToSomeFaults(t *testing.T) {
 	}
 }
 
+func TestNoFaultIsUnderWayDuringAScaleWave(t *testing.T) {
+	L := 3 * time.Second
+	q := waveQuiet(3*time.Minute, 0, 1, L)
+	if q.from > 90*time.Second || q.to < 90*time.Second+3*L {
+		t.Fatalf("the quiet window %v does not hold a wave at 90s of 3 lock_timeouts", q)
+	}
+	s := plan(scheduleOptions{seed: 7, length: 3 * time.Minute, every: time.Second,
+		instances: []string{"a", "b", "c"}, lockTimeout: L, storeTimeout: 2 * time.Second, quiet: []window{q}})
+	if len(s) < 60 {
+		t.Fatalf("%d faults in 3 minutes", len(s))
+	}
+	for _, p := range s {
+		end := p.At + p.For
+		switch p.Kind {
+		case history.Kill, history.StoreKill, history.StoreRestart:
+			end += restartAllowance
+		case history.Reload:
+			end += time.Second
+		}
+		if p.At < q.to && end > q.from {
+			t.Errorf("%v: under way in the quiet window [%s-%s]", p, q.from, q.to)
+		}
+	}
+}
+
 func TestSlowClientsCoverEveryProtocolAndWayOfReading(t *testing.T) {
 	L := 3 * time.Second
 	const workers = 4
@@ -191,7 +216,7 @@ func TestSlowClientsCoverEveryProtocolAndWayOfReading(t *testing.T) {
 				mode = "hang-up"
 			}
 			seen[rd.proto.String()+" "+mode] = true
-			if in.size < 48<<10 || in.size > 900_000 {
+			if in.size < 48<<10 || in.size > 1_000_000 {
 				t.Errorf("%s: a %d-byte answer", in.Key, in.size)
 			}
 			switch mode {
