@@ -119,11 +119,11 @@ func slowIntent(seed int64, worker, workers, n int, L time.Duration) (intentSpec
 	var takes time.Duration
 	switch combo.mode {
 	case slowRead:
-		// 40-60 s of reading at 1-3 KB/s: many times what the windows
+		// 40-60 s of reading at 1.5-3 KB/s: many times what the windows
 		// and socket buffers hold, and a 32 KiB write takes longer than
 		// the stall timeout.
-		rd.mode, rd.rate = history.ReadSlow, 1000+rng.IntN(2001)
-		in.size = max(64<<10, int(float64(rd.rate)*secs(40, 60).Seconds()))
+		rd.mode, rd.rate = history.ReadSlow, 1500+rng.IntN(1501)
+		in.size = max(96<<10, int(float64(rd.rate)*secs(40, 60).Seconds()))
 		takes = time.Duration(in.size/rd.rate)*time.Second + 10*time.Second
 	case slowStall:
 		// Stops reading past the stall timeout, then resumes: it gets
