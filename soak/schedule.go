@@ -151,7 +151,7 @@ func plan(o scheduleOptions) []planned {
 				// 10-80 ms round trip, with jitter, for 1-4 lock_timeouts.
 				p.For = frac(1, 4)
 				p.Latency = time.Duration(5+rng.IntN(36)) * time.Millisecond
-				p.Jitter = time.Duration(rng.Int64N(int64(p.Latency/2) + 1))
+				p.Jitter = time.Duration(rng.Int64N(int64(p.Latency/2) + 1)).Round(time.Millisecond)
 				target, lasts = "link "+p.Instance+"-"+p.Store, p.For
 			case history.Lock:
 				// Past the statement timeout: a request held up behind

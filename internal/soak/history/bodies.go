@@ -14,7 +14,9 @@ import (
 // a clean end after part of the body is a corrupted answer the client
 // cannot tell from a whole one. And a client is gone only after 10 s
 // without taking a byte, so one reading 1-3 KB/s is never cut; one
-// whose instance was killed under it is excused.
+// whose instance was killed or reloaded under it is excused (a reload
+// shuts the old server down, and Caddy closes the connections it takes
+// for idle, an answer still in the socket buffers with them).
 func (ix *index) checkBodies(r *Report) {
 	for i := range ix.h.Intents {
 		in := &ix.h.Intents[i]
@@ -28,13 +30,25 @@ func (ix *index) checkBodies(r *Report) {
 				}
 			}
 			if a.Read == ReadSlow && a.Err != "" {
-				if f := ix.h.killedBetween(a.Instance, a.Start, a.End); f == nil {
+				if f := ix.h.restartedUnder(a); f == nil {
 					r.anomaly(SlowReaderCut, in, fmt.Sprintf("%s: a client reading %d bytes a second over %s got %d bytes, then %q after %s (%s)",
 						a.describe(), a.ReadRate, a.proto(), a.BodyBytes, a.Err, secs(a.End-a.Start), a.outcome()))
 				}
 			}
 		}
 	}
+}
+
+// restartedUnder returns a kill or a reload of a's instance while a ran,
+// nil if none.
+func (h *History) restartedUnder(a *Attempt) *Fault {
+	for i := range h.Faults {
+		f := &h.Faults[i]
+		if (f.Kind == Kill || f.Kind == Reload) && f.Instance == a.Instance && f.Start <= a.End && f.End >= a.Start {
+			return f
+		}
+	}
+	return nil
 }
 
 // truncated says how a, an answer that names x, ended cleanly short of

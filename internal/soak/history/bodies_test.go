@@ -81,10 +81,21 @@ func TestASlowReaderWhoseAnswerIsCutIsAnAnomaly(t *testing.T) {
 	h := slow("unexpected EOF")
 	h.fault(Kill, "a", "", 8, 9)
 	expect(t, h, "")
-	// Another instance's kill excuses nothing.
+	// Or reloaded under it.
 	h = slow("unexpected EOF")
-	h.fault(Kill, "b", "", 8, 9)
-	expect(t, h, "slow-reader-cut")
+	h.fault(Reload, "a", "", 8, 8.1)
+	expect(t, h, "")
+	// Another instance's kill excuses nothing, nor a kill after the
+	// answer was cut, nor a stall of its link.
+	for _, f := range []Fault{
+		{Kind: Kill, Instance: "b", Start: sec(8), End: sec(9)},
+		{Kind: Kill, Instance: "a", Start: sec(12), End: sec(13)},
+		{Kind: Stall, Instance: "a", Store: Postgres, Start: sec(5), End: sec(6)},
+	} {
+		h = slow("unexpected EOF")
+		h.Faults = []Fault{f}
+		expect(t, h, "slow-reader-cut")
+	}
 
 	// Read to the end, however slowly: the promise kept.
 	expect(t, slow(""), "")
