@@ -11,12 +11,19 @@
 #   make bench   the load benchmark (see docs/performance.md; needs wrk, about
 #                30 minutes); BENCH_FLAGS="-write docs/performance.md" records
 #                the result
-#   make soak    the chaos soak (not part of make test; a few minutes): Caddy
-#                instances, a persistent Redis and a PostgreSQL of its own, retrying
-#                clients and a seeded nemesis; ends with "N anomalies" and fails on
-#                any. SOAK_FLAGS="-seed 42" replays a run (go run ./soak -h). Then a
-#                longer run of the randomized test (internal/model; about 4
-#                minutes), MODEL_FLAGS.
+#   make soak    the chaos soak (not part of make test; a few minutes: about 4
+#                for the soak's 3 minutes of faults, its quiet period and sweep):
+#                Caddy instances (plain HTTP/1.1 and h2c, TLS with HTTP/2 and
+#                HTTP/3), a persistent Redis and a PostgreSQL of its own, retrying
+#                clients, a scale wave of 300 long requests per instance, clients
+#                that read slowly, stall or hang up over every protocol, made-up
+#                credentials filling a memory store, and a seeded nemesis (kills,
+#                pauses, store restarts, black holes, cuts, latency, rows locked
+#                by an outside transaction); ends with "N anomalies" and fails on
+#                any. SOAK_FLAGS="-seed 42" replays a run; SOAK_FLAGS="-scale 1500
+#                -store-latency 30ms" is production's scale and timing (go run
+#                ./soak -h). Then a run of the randomized test on new seeds
+#                (internal/model; about 3 minutes), MODEL_FLAGS.
 #   make mutants plants each bug of internal/mutants in a copy of the tree and
 #                says which tier of tests catches it (the randomized test at its
 #                make test budget, its regression seeds, the package tests, e2e),
@@ -117,12 +124,12 @@ bench: testservers
 
 SOAK_FLAGS ?=
 
-# The randomized test's run after the soak: 4 trials of 20 steps on each of
-# the six stores and settings, with -model.long's clients that stop reading.
-# Those steps take the time (20 s each, about one step in 40, drawn): about
-# 4 minutes on two cores, under one for seeds that draw none, up to about 8.
-# A failing trial is shrunk, which re-runs it and takes longer.
-MODEL_FLAGS ?= -model.trials 4 -model.steps 20 -model.long
+# The randomized test's run after the soak: make test's budget (3 trials of
+# 15 random steps and their share of the store's scenarios on each of the
+# six stores and settings), on new seeds (make test's are fixed): about 3
+# minutes on two cores. A failing trial is shrunk, which re-runs it and
+# takes longer. -model.all puts every scenario in every trial (about 10).
+MODEL_FLAGS ?= -model.base 0
 
 # The soak starts its own servers (a persistent Redis it restarts), and
 # runs the xcaddy-built binary.

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
 )
 
@@ -24,6 +25,9 @@ import (
 const (
 	maxAttempts  = 80
 	senderBudget = 60 * time.Second
+	// maxBody bounds what a client reads of an answer: more than any the
+	// workload asks for (sized answers stay below max_response_size).
+	maxBody = 4 << 20
 )
 
 // clients send the workload's intents to random instances and retry them
@@ -33,16 +37,21 @@ type clients struct {
 	seed  int64
 	L     time.Duration
 	nodes []*node
+	cert  *caddyproc.Cert
 	rec   *recorder
 	http  *http.Client
 
 	mu      sync.Mutex
 	nextID  int
-	intents []intentSpec
+	intents []*intentSpec
+
+	// extra counts the senders no worker waits for (scale waves, the
+	// fill, lock bursts): the run waits for them before its sweep.
+	extra sync.WaitGroup
 }
 
-func newClients(seed int64, L time.Duration, nodes []*node, rec *recorder) *clients {
-	return &clients{seed: seed, L: L, nodes: nodes, rec: rec, http: &http.Client{
+func newClients(seed int64, L time.Duration, nodes []*node, cert *caddyproc.Cert, rec *recorder) *clients {
+	return &clients{seed: seed, L: L, nodes: nodes, cert: cert, rec: rec, http: &http.Client{
 		Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 			MaxIdleConnsPerHost: 32,
@@ -51,17 +60,26 @@ func newClients(seed int64, L time.Duration, nodes []*node, rec *recorder) *clie
 	}}
 }
 
+// register gives in the next id and logs it.
+func (c *clients) register(in *intentSpec) {
+	c.mu.Lock()
+	c.nextID++
+	in.ID = c.nextID
+	c.intents = append(c.intents, in)
+	c.mu.Unlock()
+	c.rec.intent(in.Intent)
+}
+
+// node returns the instance named name.
+func (c *clients) node(name string) *node { return c.nodes[int(name[0]-'a')] }
+
 // work runs one client worker: intent after intent until issue ends, each
 // sent by its senders until they get a final answer or give up; done
 // ends everything at once (an interrupted run).
 func (c *clients) work(issue, done context.Context, worker int) {
 	for n := 0; issue.Err() == nil; n++ {
-		c.mu.Lock()
-		c.nextID++
-		in := newIntent(c.seed, worker, n, c.nextID, c.L)
-		c.intents = append(c.intents, in)
-		c.mu.Unlock()
-		c.rec.intent(in.Intent)
+		in := newIntent(c.seed, worker, n, 0, c.L)
+		c.register(&in)
 		var wg sync.WaitGroup
 		for s := range in.Senders {
 			wg.Add(1)
@@ -70,7 +88,7 @@ func (c *clients) work(issue, done context.Context, worker int) {
 				if s > 0 {
 					sleep(done, in.lag[s-1])
 				}
-				c.send(done, &in, s+1, rngFor(c.seed, 2, worker, n, s))
+				c.send(done, &in, s+1, rngFor(c.seed, 2, worker, n, s), sendPlan{})
 			}()
 		}
 		wg.Wait()
@@ -78,29 +96,71 @@ func (c *clients) work(issue, done context.Context, worker int) {
 	}
 }
 
+// sendPlan is how a sender begins: its first attempt's behaviour,
+// instance and client (drawn, random and the steady HTTP/1.1 client when
+// nil), and how long it keeps trying (0: senderBudget).
+type sendPlan struct {
+	first  *behaviour
+	at     *node
+	reader *reader
+	budget time.Duration
+	// patient senders back off exponentially (a scale wave's thousands
+	// of them, as SDKs do), up to patientBackoff.
+	patient bool
+}
+
+// patientBackoff caps a patient sender's backoff.
+const patientBackoff = 8 * time.Second
+
 // send retries an intent until it gets a final answer, or gives up.
-func (c *clients) send(ctx context.Context, in *intentSpec, sender int, rng *rand.Rand) {
-	deadline := time.Now().Add(senderBudget)
+func (c *clients) send(ctx context.Context, in *intentSpec, sender int, rng *rand.Rand, sp sendPlan) {
+	budget := senderBudget
+	if sp.budget > 0 {
+		budget = sp.budget
+	}
+	deadline := time.Now().Add(budget)
 	for seq := 1; seq <= maxAttempts && ctx.Err() == nil && time.Now().Before(deadline); seq++ {
 		b := drawBehaviour(rng, c.L)
 		n := c.nodes[rng.IntN(len(c.nodes))]
-		a := c.attempt(ctx, in, n, b)
+		var rd *reader
+		if seq == 1 {
+			if sp.first != nil {
+				b = *sp.first
+			}
+			if sp.at != nil {
+				n = sp.at
+			}
+			rd = sp.reader
+		}
+		if in.Instance != "" {
+			n = c.node(in.Instance)
+		}
+		in.shape(&b)
+		a := c.attempt(ctx, in, n, b, rd)
 		a.Sender, a.Seq = sender, seq
 		c.rec.attempt(a)
 		if finalForClient(&a) {
 			return
 		}
-		sleep(ctx, backoff(rng, &a))
+		d := backoff(rng, &a)
+		if sp.patient {
+			d = min(d<<min(seq-1, 5), patientBackoff)
+		}
+		sleep(ctx, d)
 	}
 }
 
 // sweep asks for every intent once more after the faults stopped and a
 // quiet period, retrying a 409, a 503 or an error a few times over a
 // couple of lock_timeouts: every intent must get its final answer.
-func (c *clients) sweep(ctx context.Context, workers, attempts int) {
+func (c *clients) sweep(ctx context.Context, attempts int) {
 	c.mu.Lock()
 	intents := c.intents
 	c.mu.Unlock()
+	// Enough workers that thousands of intents (a scale wave's), each a
+	// round trip or two to a store tens of milliseconds away, take
+	// seconds.
+	workers := min(256, max(8, len(intents)/40))
 	next := make(chan *intentSpec)
 	var wg sync.WaitGroup
 	for range workers {
@@ -111,7 +171,12 @@ func (c *clients) sweep(ctx context.Context, workers, attempts int) {
 				rng := rngFor(c.seed, 4, in.ID)
 				for seq := 1; seq <= attempts && ctx.Err() == nil; seq++ {
 					n := c.nodes[rng.IntN(len(c.nodes))]
-					a := c.attempt(ctx, in, n, behaviour{timeout: 4 * c.L})
+					if in.Instance != "" {
+						n = c.node(in.Instance)
+					}
+					b := behaviour{timeout: patience(c.L)}
+					in.shape(&b)
+					a := c.attempt(ctx, in, n, b, nil)
 					a.Sender, a.Seq, a.Sweep = 0, seq, true
 					c.rec.attempt(a)
 					if finalForClient(&a) {
@@ -122,9 +187,12 @@ func (c *clients) sweep(ctx context.Context, workers, attempts int) {
 			}
 		}()
 	}
-	for i := range intents {
+	for _, in := range intents {
+		if in.MadeUp() {
+			continue // a made-up credential never comes back
+		}
 		select {
-		case next <- &intents[i]:
+		case next <- in:
 		case <-ctx.Done():
 		}
 	}
@@ -132,9 +200,11 @@ func (c *clients) sweep(ctx context.Context, workers, attempts int) {
 	wg.Wait()
 }
 
-// attempt sends one request for in to n and records what came back.
-func (c *clients) attempt(ctx context.Context, in *intentSpec, n *node, b behaviour) history.Attempt {
-	a := history.Attempt{Intent: in.ID, Instance: n.name, AskDelay: b.delay, AskStatus: b.status, AskBreak: b.breakOff}
+// attempt sends one request for in to n and records what came back; rd,
+// when not nil, is a client of its own that speaks rd's protocol and
+// reads as rd says.
+func (c *clients) attempt(ctx context.Context, in *intentSpec, n *node, b behaviour, rd *reader) history.Attempt {
+	a := history.Attempt{Intent: in.ID, Instance: n.name, AskDelay: b.delay, AskStatus: b.status, AskBreak: b.breakOff, AskSize: b.size}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	var hungUp atomic.Bool
@@ -142,7 +212,17 @@ func (c *clients) attempt(ctx context.Context, in *intentSpec, n *node, b behavi
 		t := time.AfterFunc(b.hangUp, func() { hungUp.Store(true); cancel() })
 		defer t.Stop()
 	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.url()+in.Path, bytes.NewReader(in.body))
+	hc, base := c.http, n.url()
+	if rd != nil {
+		a.Proto, a.Read, a.ReadRate, a.StallFor = rd.proto.String(), rd.mode, rd.rate, rd.stall
+		rt := c.transport(rd.proto)
+		defer caddyproc.CloseTransport(rt)
+		hc = &http.Client{Transport: rt}
+		if rd.proto == caddyproc.H2 || rd.proto == caddyproc.H3 {
+			base = n.tlsURL()
+		}
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+in.Path, bytes.NewReader(in.body))
 	// One attempt, one request: net/http would resend a request with an
 	// Idempotency-Key on a new connection when a reused one turns out
 	// dead, hiding a try from the history.
@@ -159,17 +239,22 @@ func (c *clients) attempt(ctx context.Context, in *intentSpec, n *node, b behavi
 	if b.breakOff {
 		req.Header.Set("X-Upstream-Break-After", "64")
 	}
+	if b.size > 0 {
+		// Streamed in 8 KiB chunks as fast as Caddy takes them.
+		req.Header.Set("X-Upstream-Size", strconv.Itoa(b.size))
+	}
 	a.Start = c.rec.now()
-	resp, err := c.http.Do(req)
+	resp, err := hc.Do(req)
 	var body []byte
 	if err == nil {
-		body, err = io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		body, err = rd.read(ctx, io.LimitReader(resp.Body, maxBody))
 		resp.Body.Close()
 		a.Status = resp.StatusCode
 		a.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 		a.BodyOmitted = resp.Header.Get("Idempotent-Body-Omitted") == "true"
 		a.Execution, _ = strconv.ParseInt(resp.Header.Get("X-Execution"), 10, 64)
 		a.BodyDigest = digest(body)
+		a.BodyBytes = len(body)
 		parseBody(&a, resp.Header.Get("Content-Type"), body)
 	}
 	a.End = c.rec.now()

@@ -25,17 +25,22 @@ type cluster struct {
 	redis *servers.Redis
 	pg    *servers.Postgres
 	up    *caddyproc.Upstream
+	cert  *caddyproc.Cert // the TLS servers'; their clients trust it
 	nodes []*node
+	// latency and jitter are every link's one-way latency when no
+	// latency fault is on it (-store-latency, -store-jitter).
+	latency, jitter time.Duration
 }
 
 // node is one Caddy instance across its restarts.
 type node struct {
-	name  string
-	port  int
-	bin   string
-	dir   string
-	site  siteSettings
-	links map[string]*caddyproc.Proxy // by store
+	name    string
+	port    int // plain: HTTP/1.1, h2c
+	tlsPort int // TLS: HTTP/1.1, HTTP/2, HTTP/3
+	bin     string
+	dir     string
+	site    siteSettings
+	links   map[string]*caddyproc.Proxy // by store
 
 	mu      sync.Mutex
 	inst    *caddyproc.Instance   // the running process
@@ -46,8 +51,8 @@ type node struct {
 
 // startCluster starts the stores, the upstream and n instances of bin,
 // with files in a temporary directory that close removes.
-func startCluster(bin string, n int, site siteSettings, rec *recorder, logf func(string, ...any)) (c *cluster, err error) {
-	c = &cluster{}
+func startCluster(bin string, n int, site siteSettings, latency, jitter time.Duration, rec *recorder, logf func(string, ...any)) (c *cluster, err error) {
+	c = &cluster{latency: latency, jitter: jitter}
 	defer func() {
 		if err != nil {
 			c.close()
@@ -80,6 +85,10 @@ func startCluster(bin string, n int, site siteSettings, rec *recorder, logf func
 		return c, err
 	}
 	site.upstream = c.up.Addr
+	if c.cert, err = caddyproc.NewCert(c.set.Dir); err != nil {
+		return c, err
+	}
+	site.cert = c.cert
 	for i := range n {
 		nd := &node{name: string(rune('a' + i)), bin: bin, dir: filepath.Join(c.set.Dir, "caddy"), site: site,
 			links: map[string]*caddyproc.Proxy{}, variant: variants[0]}
@@ -87,11 +96,15 @@ func startCluster(bin string, n int, site siteSettings, rec *recorder, logf func
 		if nd.port, err = caddyproc.FreePort(); err != nil {
 			return c, err
 		}
+		if nd.tlsPort, err = caddyproc.FreePort(); err != nil {
+			return c, err
+		}
 		for store, addr := range map[string]string{history.Redis: c.redis.Addr, history.Postgres: c.pg.Addr} {
 			p, err := caddyproc.NewProxy(addr)
 			if err != nil {
 				return c, err
 			}
+			p.SetLatency(latency, jitter)
 			nd.links[store] = p
 		}
 		if err := nd.start(); err != nil {
@@ -102,11 +115,18 @@ func startCluster(bin string, n int, site siteSettings, rec *recorder, logf func
 }
 
 func (n *node) config() caddyproc.Config {
-	return siteConfig(n.site, n.name, n.port, n.links[history.Redis].Addr, n.links[history.Postgres].Addr, n.variant)
+	return siteConfig(n.site, endpoints{name: n.name, port: n.port, tlsPort: n.tlsPort,
+		redisAddr: n.links[history.Redis].Addr, pgAddr: n.links[history.Postgres].Addr}, n.variant)
 }
 
-// url is the instance's site, the same across restarts.
+// url is the instance's plain site, the same across restarts.
 func (n *node) url() string { return fmt.Sprintf("http://127.0.0.1:%d", n.port) }
+
+// tlsURL is the instance's TLS site (HTTP/1.1, HTTP/2, HTTP/3).
+func (n *node) tlsURL() string { return fmt.Sprintf("https://127.0.0.1:%d", n.tlsPort) }
+
+// pgDSN is the DSN of the soak's PostgreSQL, reached directly (no proxy).
+func (c *cluster) pgDSN() string { return c.pg.DSN }
 
 // start runs a new process with the current config; the caller holds no
 // lock.

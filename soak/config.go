@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
 )
 
 // variant is what a reload changes. A ttl changes the handlers only; a
@@ -32,34 +33,59 @@ type siteSettings struct {
 	lockTimeout  time.Duration
 	storeTimeout time.Duration
 	upstream     string // host:port
+	// memoryMaxKeys is the max_keys of the /memory/ route's store; 0: no
+	// such route.
+	memoryMaxKeys int
+	cert          *caddyproc.Cert // of the TLS server
 }
 
-// siteConfig is the config of instance name on port, reaching Redis and
-// PostgreSQL at its own proxies' addresses.
-func siteConfig(s siteSettings, name string, port int, redisAddr, pgAddr string, v variant) caddyproc.Config {
+// endpoints are where an instance listens and reaches its stores.
+type endpoints struct {
+	name      string
+	port      int // plain: HTTP/1.1 and h2c
+	tlsPort   int // TLS: HTTP/1.1, HTTP/2 and HTTP/3 (UDP)
+	redisAddr string
+	pgAddr    string
+}
+
+// siteConfig is the config of an instance: a plain server (HTTP/1.1 and
+// h2c) and a TLS one (HTTP/1.1, HTTP/2, HTTP/3) with the same routes,
+// reaching Redis and PostgreSQL at the instance's own proxies.
+func siteConfig(s siteSettings, e endpoints, v variant) caddyproc.Config {
 	redis := fmt.Sprintf(`storage redis {
 				url redis://%s/0
 				key_prefix soak:
 				pool_size %d
 				timeout %s
-			}`, redisAddr, v.poolSize, s.storeTimeout)
+			}`, e.redisAddr, v.poolSize, s.storeTimeout)
 	pg := fmt.Sprintf(`storage postgres {
 				dsn "postgres://postgres@%s/test?sslmode=disable"
 				table soak_keys
 				max_conns %d
 				timeout %s
-			}`, pgAddr, v.poolSize, s.storeTimeout)
-	var b strings.Builder
-	fmt.Fprintf(&b, "http://:%d {\n\tbind 127.0.0.1\n", port)
+			}`, e.pgAddr, v.poolSize, s.storeTimeout)
+	memory := fmt.Sprintf(`storage memory {
+				max_keys %d
+			}`, s.memoryMaxKeys)
+	var handles strings.Builder
 	for _, r := range routes {
-		storage, onError := redis, "fail_closed"
-		if r.store == "postgres" {
+		var storage string
+		switch r.store {
+		case history.Redis:
+			storage = redis
+		case history.Postgres:
 			storage = pg
+		case history.Memory:
+			if s.memoryMaxKeys == 0 {
+				continue
+			}
+			storage = memory
 		}
+		onError := "fail_closed"
 		if r.failOpen {
 			onError = "fail_open"
 		}
-		fmt.Fprintf(&b, `	handle %s* {
+		fmt.Fprintf(&handles, `	handle %s* {
 		idempotency {
 			%s
 			lock_timeout %s
@@ -70,8 +96,16 @@ func siteConfig(s siteSettings, name string, port int, redisAddr, pgAddr string,
 			header_up X-Soak-Instance %s
 		}
 	}
-`, r.path, storage, s.lockTimeout, v.ttl, onError, s.upstream, name)
+`, r.path, storage, s.lockTimeout, v.ttl, onError, s.upstream, e.name)
 	}
-	b.WriteString("}\n")
-	return caddyproc.Config{Sites: b.String()}
+	var b strings.Builder
+	fmt.Fprintf(&b, "http://:%d {\n\tbind 127.0.0.1\n%s}\n\n", e.port, handles.String())
+	fmt.Fprintf(&b, "https://:%d {\n\tbind 127.0.0.1\n\ttls %s %s\n%s}\n", e.tlsPort, s.cert.CertFile, s.cert.KeyFile, handles.String())
+	globals := fmt.Sprintf(`	servers 127.0.0.1:%d {
+		protocols h1 h2c
+	}
+	servers 127.0.0.1:%d {
+		protocols h1 h2 h3
+	}`, e.port, e.tlsPort)
+	return caddyproc.Config{Globals: globals, Sites: b.String()}
 }

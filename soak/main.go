@@ -9,8 +9,20 @@
 // checker (internal/soak/history) judges the whole history and the run
 // ends with the line "N anomalies"; its exit status is 1 when N > 0.
 //
+// Besides the steady clients, a run has production's scale and timing:
+// scale waves (-scale: hundreds or thousands of long requests at once on
+// each instance, each retried from another instance once it outlived
+// lock_timeout), stores tens of milliseconds away (-store-latency, and
+// the latency fault), a PostgreSQL row locked by an outside transaction
+// while other keys arrive (the lock fault), clients over HTTP/2, h2c and
+// HTTP/3 that read slowly, stop reading and resume, or hang up
+// (-slow-clients), and made-up credentials whose refusals fill a small
+// memory store before real clients' new keys arrive (-fill).
+//
 //	go run ./soak [-seed N] [-duration 3m] [-instances 3] [-lock-timeout 3s]
 //	              [-tolerance 0.75] [-clients 16] [-faults stall,cut,...] [-out dir] [-v]
+//	              [-scale 300] [-scale-waves 1] [-scale-on postgres,redis]
+//	              [-store-latency 30ms] [-store-jitter 10ms] [-slow-clients 4] [-fill 100]
 //	go run ./soak -check dir/history.json
 //
 // The same seed draws the same fault schedule and the same workload
@@ -28,6 +40,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -50,6 +63,13 @@ type options struct {
 	out          string
 	check        string
 	verbose      bool
+	scale        int
+	scaleWaves   int
+	scaleOn      string
+	latency      time.Duration
+	jitter       time.Duration
+	slowClients  int
+	fill         int
 }
 
 func main() {
@@ -63,7 +83,14 @@ func main() {
 	flag.IntVar(&o.clients, "clients", 16, "client workers, each with one intent at a time (sent by 1-3 senders)")
 	flag.DurationVar(&o.every, "fault-every", 1200*time.Millisecond, "mean gap between faults")
 	flag.DurationVar(&o.quiet, "quiet", 0, "quiet period between the last fault and the sweep (0: 4 x lock_timeout)")
-	flag.StringVar(&o.faults, "faults", "all", "the faults to inject, separated by commas: stall, cut, pause, reload, kill, store-restart, store-kill")
+	flag.StringVar(&o.faults, "faults", "all", "the faults to inject, separated by commas: stall, cut, pause, reload, kill, store-restart, store-kill, latency, lock (none: no fault)")
+	flag.IntVar(&o.scale, "scale", 300, "long requests (2-3 x lock_timeout) each scale wave sends to each instance at once, each retried from another instance (0: no wave)")
+	flag.IntVar(&o.scaleWaves, "scale-waves", 1, "scale waves, spread over -duration")
+	flag.StringVar(&o.scaleOn, "scale-on", "postgres,redis", "the stores of the scale waves' routes, taken in turn")
+	flag.DurationVar(&o.latency, "store-latency", 0, "one-way latency of every link to a store, all run long (a store a network hop away)")
+	flag.DurationVar(&o.jitter, "store-jitter", 0, "random extra one-way latency of every link to a store, up to this")
+	flag.IntVar(&o.slowClients, "slow-clients", 4, "workers of clients over HTTP/1.1, HTTP/2, h2c and HTTP/3 that read at 1-3 KB/s, stop reading for 12-25 s, or hang up")
+	flag.IntVar(&o.fill, "fill", 100, "max_keys of each instance's memory store, which as many made-up credentials' refusals fill before real clients' new keys (0: no memory route)")
 	flag.StringVar(&o.out, "out", "", "keep the history (history.json), the report and Caddy's logs in this directory")
 	flag.StringVar(&o.check, "check", "", "only check a saved history.json and print its report")
 	flag.BoolVar(&o.verbose, "v", false, "print the schedule and each fault as it ends")
@@ -98,11 +125,31 @@ func run(o options) int {
 		logf("-faults: %v", err)
 		return exitFailed
 	}
+	var scaleOn []route
+	for _, s := range strings.Split(o.scaleOn, ",") {
+		switch strings.TrimSpace(s) {
+		case history.Redis:
+			scaleOn = append(scaleOn, routeAt("/redis/"))
+		case history.Postgres:
+			scaleOn = append(scaleOn, routeAt("/postgres/"))
+		default:
+			logf("-scale-on: %q is neither redis nor postgres", s)
+			return exitFailed
+		}
+	}
 	if o.instances < 2 || o.instances > 26 || o.clients < 1 || o.lockTimeout < time.Second {
 		logf("need 2-26 instances, a client and a lock_timeout of at least 1s")
 		return exitFailed
 	}
 	fmt.Printf("soak: seed %d (replay: make soak SOAK_FLAGS='-seed %d%s')\n", o.seed, o.seed, replayFlags(o))
+
+	// A scale wave holds three connections a request in this process
+	// (client, retry, upstream) and three in Caddy.
+	if want := uint64(3*o.scale*o.instances + 2048); want > 0 {
+		if got, err := raiseOpenFiles(want); err != nil {
+			logf("raising the limit of open files to %d: %v (it is %d)", want, err, got)
+		}
+	}
 
 	// ^C or SIGTERM ends the run early; everything is still cleaned up.
 	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -125,10 +172,11 @@ func run(o options) int {
 	}
 
 	params := history.Params{Seed: o.seed, LockTimeout: o.lockTimeout, Tolerance: o.tolerance,
-		StoreTimeout: o.storeTimeout, RedisReconnect: time.Second}
+		StoreTimeout: o.storeTimeout, RedisReconnect: time.Second,
+		StoreLatency: o.latency, StoreJitter: o.jitter, MemoryMaxKeys: o.fill}
 	rec := newRecorder(params)
-	site := siteSettings{lockTimeout: o.lockTimeout, storeTimeout: o.storeTimeout}
-	c, err := startCluster(bin, o.instances, site, rec, logf)
+	site := siteSettings{lockTimeout: o.lockTimeout, storeTimeout: o.storeTimeout, memoryMaxKeys: o.fill}
+	c, err := startCluster(bin, o.instances, site, o.latency, o.jitter, rec, logf)
 	if err != nil {
 		logf("starting the cluster: %v", err)
 		return exitFailed
@@ -149,16 +197,26 @@ func run(o options) int {
 	for i, n := range c.nodes {
 		names[i] = n.name
 	}
-	schedule := plan(scheduleOptions{seed: o.seed, length: o.duration, every: o.every, instances: names, lockTimeout: o.lockTimeout, kinds: kinds})
+	var quiet []window
+	if o.scale > 0 {
+		for w := range o.scaleWaves {
+			quiet = append(quiet, waveQuiet(o.duration, w, o.scaleWaves, o.lockTimeout))
+		}
+	}
+	schedule := plan(scheduleOptions{seed: o.seed, length: o.duration, every: o.every, instances: names,
+		lockTimeout: o.lockTimeout, storeTimeout: o.storeTimeout, kinds: kinds, quiet: quiet})
 	logf("%d instances, lock_timeout %s, tolerance %.2f, %d client workers, %d faults over %s",
 		len(c.nodes), o.lockTimeout, o.tolerance, o.clients, len(schedule), o.duration)
+	logf("%d slow clients, %d scale wave(s) of %d requests per instance, memory stores of %d filled by made-up credentials, store links %s + %s away",
+		o.slowClients, o.scaleWaves*min(o.scale, 1), o.scale, o.fill, o.latency, o.jitter)
 	if o.verbose {
 		for _, p := range schedule {
 			logf("planned %s", p)
 		}
 	}
 
-	nm := &nemesis{c: c, rec: rec, logf: logf, verbose: o.verbose}
+	cl := newClients(o.seed, o.lockTimeout, c.nodes, c.cert, rec)
+	nm := &nemesis{c: c, cl: cl, rec: rec, logf: logf, verbose: o.verbose}
 	watching, stopWatching := context.WithCancel(interrupted)
 	go nm.watch(watching)
 	go progress(watching, rec)
@@ -166,23 +224,35 @@ func run(o options) int {
 	// Chaos: faults and new intents for the duration.
 	issuing, stopIssuing := context.WithTimeout(interrupted, o.duration)
 	defer stopIssuing()
-	cl := newClients(o.seed, o.lockTimeout, c.nodes, rec)
 	var workers sync.WaitGroup
-	for w := range o.clients {
+	spawn := func(f func()) {
 		workers.Add(1)
-		go func() { defer workers.Done(); cl.work(issuing, interrupted, w) }()
+		go func() { defer workers.Done(); f() }()
+	}
+	for w := range o.clients {
+		spawn(func() { cl.work(issuing, interrupted, w) })
+	}
+	for w := range o.slowClients {
+		spawn(func() { cl.slowWork(issuing, interrupted, w, o.slowClients) })
+	}
+	if o.scale > 0 && o.scaleWaves > 0 {
+		spawn(func() { cl.scaleWaves(issuing, interrupted, rec.start, o.duration, o.scaleWaves, o.scale, scaleOn) })
+	}
+	if o.fill > 0 {
+		spawn(func() { cl.fillAt(issuing, interrupted, rec.start, o.duration, o.fill) })
 	}
 	nm.run(issuing, interrupted, schedule)
 	rec.mark(func(h *history.History) { h.NemesisEnd = rec.now() })
 	logf("faults stopped at %.1fs; waiting for the clients' last intents", rec.now().Seconds())
 	workers.Wait()
+	cl.extra.Wait()
 
 	// Quiet, then the sweep: every intent must get its final answer.
 	sleep(interrupted, o.quiet)
 	if interrupted.Err() == nil {
 		rec.mark(func(h *history.History) { h.SweepStart = rec.now() })
 		logf("quiet for %s; sweeping every intent at %.1fs", o.quiet, rec.now().Seconds())
-		cl.sweep(interrupted, 8, 6)
+		cl.sweep(interrupted, 6)
 	}
 	stopWatching()
 	for _, n := range c.nodes {
@@ -252,7 +322,8 @@ func replayFlags(o options) string {
 	s := ""
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for _, name := range []string{"duration", "instances", "lock-timeout", "tolerance", "store-timeout", "clients", "fault-every", "quiet", "faults"} {
+	for _, name := range []string{"duration", "instances", "lock-timeout", "tolerance", "store-timeout", "clients", "fault-every", "quiet", "faults",
+		"scale", "scale-waves", "scale-on", "store-latency", "store-jitter", "slow-clients", "fill"} {
 		if set[name] {
 			s += fmt.Sprintf(" -%s %s", name, flag.Lookup(name).Value)
 		}

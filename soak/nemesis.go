@@ -13,12 +13,14 @@ import (
 // the history, from when it began to when it was healed.
 type nemesis struct {
 	c       *cluster
+	cl      *clients // a lock's burst of keys
 	rec     *recorder
 	logf    func(string, ...any)
 	verbose bool // log every fault
 
 	mu      sync.Mutex
 	targets map[string]*sync.Mutex // one fault at a time per target
+	lk      locker
 }
 
 func (nm *nemesis) lock(target string) func() {
@@ -62,7 +64,7 @@ func (nm *nemesis) apply(ctx context.Context, p planned) {
 	if p.Instance != "" {
 		n = nm.c.nodes[int(p.Instance[0]-'a')]
 		target = "instance " + p.Instance
-		if p.Kind == history.Stall || p.Kind == history.Cut {
+		if p.Kind.OnALink() {
 			target = "link " + p.Instance + "-" + p.Store
 		}
 	}
@@ -101,6 +103,14 @@ func (nm *nemesis) apply(ctx context.Context, p planned) {
 		err = n.reload(variants[p.Variant])
 	case history.StoreRestart, history.StoreKill:
 		err = nm.restartStore(p, wait)
+	case history.Latency:
+		l := n.links[p.Store]
+		f.Note = fmt.Sprintf("%s-%s round trip", 2*p.Latency, 2*(p.Latency+p.Jitter))
+		l.SetLatency(p.Latency, p.Jitter)
+		wait(p.For)
+		l.SetLatency(nm.c.latency, nm.c.jitter)
+	case history.Lock:
+		err = nm.lockRow(ctx, p, &f, wait)
 	}
 	f.End = nm.rec.now()
 	if err != nil {

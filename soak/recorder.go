@@ -65,6 +65,7 @@ func (r *recorder) execution(x caddyproc.Execution) {
 		End:          r.at(x.End),
 		Status:       x.Status,
 		AnswerDigest: digest(x.Answer),
+		AnswerBytes:  len(x.Answer),
 		BrokeOff:     x.BrokeOff,
 	}
 	r.mu.Lock()

@@ -11,7 +11,7 @@ import (
 
 func testSchedule(seed int64) []planned {
 	return plan(scheduleOptions{seed: seed, length: 3 * time.Minute, every: 1500 * time.Millisecond,
-		instances: []string{"a", "b", "c"}, lockTimeout: 3 * time.Second})
+		instances: []string{"a", "b", "c"}, lockTimeout: 3 * time.Second, storeTimeout: 2 * time.Second})
 }
 
 func TestTheSameSeedGivesTheSameSchedule(t *testing.T) {
@@ -46,8 +46,18 @@ func TestAScheduleHasEveryFaultOneAtATimePerTarget(t *testing.T) {
 				long++
 			}
 		}
+		switch p.Kind {
+		case history.Latency:
+			if p.For < L || p.For > 4*L || p.Latency < 5*time.Millisecond || p.Latency > 40*time.Millisecond || p.Jitter > p.Latency/2 {
+				t.Errorf("%v: not 1-4 lock_timeouts of 10-80 ms round trip with jitter up to half", p)
+			}
+		case history.Lock:
+			if p.Store != history.Postgres || p.Instance != "" || p.For < 2*time.Second || p.For > 5*time.Second {
+				t.Errorf("%v: not a PostgreSQL row held past the statement timeout (2s)", p)
+			}
+		}
 		target := p.Instance + "/" + p.Store
-		if p.Kind == history.Stall || p.Kind == history.Cut {
+		if p.Kind.OnALink() {
 			target = "link " + target
 		}
 		if until[target] > p.At {
@@ -113,7 +123,7 @@ func TestTheWorkloadHasEveryBehaviour(t *testing.T) {
 		if b.hangUp > 0 {
 			hangs++
 		}
-		if b.timeout < 4*L {
+		if b.timeout < patience(L) {
 			impatient++
 		}
 	}
@@ -157,5 +167,74 @@ func TestAScheduleCanBeLimitedToSomeFaults(t *testing.T) {
 	}
 	if _, err := parseKinds("stall,nap"); err == nil {
 		t.Fatal("an unknown fault is accepted")
+	}
+	none, err := parseKinds("none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := plan(scheduleOptions{seed: 3, length: time.Minute, every: time.Second,
+		instances: []string{"a", "b"}, lockTimeout: 3 * time.Second, kinds: none}); len(s) != 0 {
+		t.Fatalf("-faults none planned %d faults", len(s))
+	}
+}
+
+func TestNoFaultIsUnderWayDuringAScaleWave(t *testing.T) {
+	L := 3 * time.Second
+	q := waveQuiet(3*time.Minute, 0, 1, L)
+	if q.from > 90*time.Second || q.to < 90*time.Second+3*L {
+		t.Fatalf("the quiet window %v does not hold a wave at 90s of 3 lock_timeouts", q)
+	}
+	s := plan(scheduleOptions{seed: 7, length: 3 * time.Minute, every: time.Second,
+		instances: []string{"a", "b", "c"}, lockTimeout: L, storeTimeout: 2 * time.Second, quiet: []window{q}})
+	if len(s) < 60 {
+		t.Fatalf("%d faults in 3 minutes", len(s))
+	}
+	for _, p := range s {
+		end := p.At + p.For
+		switch p.Kind {
+		case history.Kill, history.StoreKill, history.StoreRestart:
+			end += restartAllowance
+		case history.Reload:
+			end += time.Second
+		}
+		if p.At < q.to && end > q.from {
+			t.Errorf("%v: under way in the quiet window [%s-%s]", p, q.from, q.to)
+		}
+	}
+}
+
+func TestSlowClientsCoverEveryProtocolAndWayOfReading(t *testing.T) {
+	L := 3 * time.Second
+	const workers = 4
+	seen := map[string]bool{}
+	for w := range workers {
+		for n := range 3 {
+			in, sp, takes := slowIntent(1, w, workers, n, L)
+			rd := sp.reader
+			mode := rd.mode
+			if sp.first.hangUp > 0 {
+				mode = "hang-up"
+			}
+			seen[rd.proto.String()+" "+mode] = true
+			if in.size < 48<<10 || in.size > 1_000_000 {
+				t.Errorf("%s: a %d-byte answer", in.Key, in.size)
+			}
+			switch mode {
+			case history.ReadSlow:
+				if rd.rate < 1000 || rd.rate > 3000 || takes < 40*time.Second || takes > 75*time.Second {
+					t.Errorf("%s: reads %d B/s for %s", in.Key, rd.rate, takes)
+				}
+			case history.ReadStall:
+				if rd.stall < 12*time.Second || rd.stall > 25*time.Second {
+					t.Errorf("%s: stalls %s", in.Key, rd.stall)
+				}
+			}
+			if a, _, _ := slowIntent(1, w, workers, n, L); !reflect.DeepEqual(a, in) {
+				t.Errorf("%s: two draws differ", in.Key)
+			}
+		}
+	}
+	if len(seen) != len(slowCombos) {
+		t.Errorf("3 slow clients of each of %d workers cover %d of the %d protocols and ways of reading: %v", workers, len(seen), len(slowCombos), seen)
 	}
 }

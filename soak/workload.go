@@ -18,12 +18,31 @@ type route struct {
 	failOpen bool
 }
 
-// routes are the sites' routes; the fail_open one shares the Redis store
-// (and its key namespace) with /redis/.
+// routes are the sites' routes; the fail_open ones share their store
+// (and its key namespace) with /redis/ and /postgres/. /memory/ has a
+// store of its own in each instance, with a small max_keys (-fill): its
+// intents are pinned to one instance.
 var routes = []route{
 	{"/redis/", history.Redis, false},
 	{"/postgres/", history.Postgres, false},
 	{"/open/", history.Redis, true},
+	{"/pgopen/", history.Postgres, true},
+	{"/memory/", history.Memory, false},
+}
+
+// routeAt returns the route of path.
+func routeAt(path string) route {
+	for _, r := range routes {
+		if r.path == path {
+			return r
+		}
+	}
+	panic("no route " + path)
+}
+
+// on puts in on route r.
+func (in *intentSpec) on(r route) {
+	in.Path, in.Store, in.FailOpen = r.path+"orders", r.store, r.failOpen
 }
 
 // intentSpec is an intent and its request body.
@@ -32,6 +51,21 @@ type intentSpec struct {
 	body []byte
 	// lag is when each sender after the first starts, after the first.
 	lag []time.Duration
+	// size, when > 0, is the streamed answer every attempt asks for;
+	// status, when > 0, the status every attempt asks for (a made-up
+	// credential's 404).
+	size, status int
+}
+
+// shape makes b ask what every attempt of in asks: its answer's size or
+// status, never a break-off then.
+func (in *intentSpec) shape(b *behaviour) {
+	if in.size > 0 {
+		b.size, b.breakOff = in.size, false
+	}
+	if in.status > 0 {
+		b.status, b.breakOff = in.status, false
+	}
 }
 
 // rngFor is a random source of its own for one part of the workload
@@ -56,16 +90,16 @@ func newIntent(seed int64, worker, n, id int, lockTimeout time.Duration) intentS
 	if rng.IntN(10) == 0 {
 		in.Key = fmt.Sprintf("shared-%d", n)
 	}
-	var r route
 	switch p := rng.IntN(100); {
-	case p < 45:
-		r = routes[0]
-	case p < 90:
-		r = routes[1]
+	case p < 43:
+		in.on(routeAt("/redis/"))
+	case p < 86:
+		in.on(routeAt("/postgres/"))
+	case p < 93:
+		in.on(routeAt("/open/"))
 	default:
-		r = routes[2]
+		in.on(routeAt("/pgopen/"))
 	}
-	in.Path, in.Store, in.FailOpen = r.path+"orders", r.store, r.failOpen
 	in.body = fmt.Appendf(nil, `{"order":"%d-%d","amount":%d,"currency":"EUR"}`, worker, n, 1+rng.IntN(100000))
 	in.BodyDigest = digest(in.body)
 	// Some intents are sent by several clients at once (a double submit,
@@ -92,6 +126,7 @@ type behaviour struct {
 	breakOff bool          // the upstream breaks off mid-body
 	hangUp   time.Duration // > 0: the client hangs up after this long
 	timeout  time.Duration // the client gives up after this long
+	size     int           // > 0: a body of this many bytes, streamed
 }
 
 // drawBehaviour draws an attempt's behaviour. Slow executions outlast a
@@ -123,12 +158,20 @@ func drawBehaviour(rng *rand.Rand, L time.Duration) behaviour {
 	if rng.IntN(100) < 4 {
 		b.hangUp = time.Duration(rng.Int64N(int64(b.delay + 100*time.Millisecond)))
 	}
-	b.timeout = 4 * L
+	b.timeout = patience(L)
 	if rng.IntN(100) < 20 { // an impatient client retries while its request runs
 		b.timeout = frac(0.3, 1.5)
 	}
 	return b
 }
+
+// waitTimeout is the handlers' wait_timeout (the default): a request
+// that meets its key in flight may wait that long before its 409.
+const waitTimeout = 10 * time.Second
+
+// patience is how long a client waits for an answer: a wait_timeout and
+// two lock_timeouts, never less than four lock_timeouts.
+func patience(L time.Duration) time.Duration { return max(4*L, waitTimeout+2*L) }
 
 // digest is a short hex digest of b, for comparing bodies in a history.
 func digest(b []byte) string {

@@ -78,7 +78,7 @@ func recordDiffers(a *Attempt, x *Execution) string {
 		diffs = append(diffs, "lacks Idempotent-Body-Omitted, but the execution broke off mid-body")
 	case !x.BrokeOff && a.BodyOmitted:
 		diffs = append(diffs, "says Idempotent-Body-Omitted, but the execution's body was whole")
-	case !x.BrokeOff && a.Err == "" && !a.HungUp && a.BodyDigest != x.AnswerDigest:
+	case !x.BrokeOff && a.Err == "" && !a.HungUp && a.BodyDigest != x.AnswerDigest && !shortened(a, x):
 		diffs = append(diffs, fmt.Sprintf("body %s, the execution sent %s", a.BodyDigest, x.AnswerDigest))
 	}
 	return strings.Join(diffs, "; ")
@@ -91,7 +91,7 @@ func answerDiffers(a *Attempt, x *Execution) string {
 	if a.Status != x.Status {
 		diffs = append(diffs, fmt.Sprintf("status %d, the execution answered %d", a.Status, x.Status))
 	}
-	if !x.BrokeOff && a.Err == "" && !a.HungUp && a.BodyDigest != x.AnswerDigest {
+	if !x.BrokeOff && a.Err == "" && !a.HungUp && a.BodyDigest != x.AnswerDigest && !shortened(a, x) {
 		diffs = append(diffs, fmt.Sprintf("body %s, the execution sent %s", a.BodyDigest, x.AnswerDigest))
 	}
 	return strings.Join(diffs, "; ")

@@ -2,6 +2,7 @@ package history
 
 import (
 	"slices"
+	"time"
 )
 
 // AnomalyKind names a broken promise.
@@ -32,6 +33,22 @@ const (
 	UnexpectedStatus AnomalyKind = "unexpected-status"
 	// CaddyCrash: an instance panicked or exited on its own.
 	CaddyCrash AnomalyKind = "caddy-crash"
+	// TruncatedCleanEnd: a body accepted as complete (a clean end, no
+	// error) that is shorter than what the upstream sent for it, or a
+	// first-hand answer that ended cleanly although the upstream broke
+	// off mid-body: a response cut short must be aborted, never ended.
+	TruncatedCleanEnd AnomalyKind = "truncated-clean-end"
+	// SlowReaderCut: a client that read steadily, however slowly, had
+	// its answer cut: a client is gone only after 10 s without taking a
+	// byte.
+	SlowReaderCut AnomalyKind = "slow-reader-cut"
+	// HeldUpByLock: while an outside transaction held one PostgreSQL row
+	// locked, a request of another key was refused (409, 503).
+	HeldUpByLock AnomalyKind = "held-up-by-lock"
+	// StoreFilledByRefusals: a new key was refused store-full while the
+	// refusals of made-up sources (each a scope of its own) held most of
+	// the store.
+	StoreFilledByRefusals AnomalyKind = "store-filled-by-refusals"
 )
 
 // Anomaly is one broken promise, with what a reader needs to find it.
@@ -83,8 +100,11 @@ func Check(h *History) *Report {
 	r := &Report{}
 	ix.checkDuplicates(r)
 	ix.checkAnswers(r)
+	ix.checkBodies(r)
 	ix.checkStatuses(r)
-	ix.checkLiveness(r)
+	ix.checkLocks(r)
+	filled := ix.checkFill(r)
+	ix.checkLiveness(r, filled)
 	for _, c := range h.Crashes {
 		r.Anomalies = append(r.Anomalies, Anomaly{Kind: CaddyCrash, Intent: -1,
 			Summary: "caddy " + c.Instance + " at " + secs(c.At) + ": " + c.What})
@@ -148,6 +168,18 @@ func (r *Report) anomaly(kind AnomalyKind, in *Intent, summary string) {
 		a.Intent, a.Key, a.Scope = in.ID, in.Key, in.Scope
 	}
 	r.Anomalies = append(r.Anomalies, a)
+}
+
+// killedBetween returns a kill of instance that began between from and
+// to, nil if none.
+func (h *History) killedBetween(instance string, from, to time.Duration) *Fault {
+	for i := range h.Faults {
+		f := &h.Faults[i]
+		if f.Kind == Kill && f.Instance == instance && f.Start >= from && f.Start <= to {
+			return f
+		}
+	}
+	return nil
 }
 
 // Count returns how many anomalies of kind the report holds.

@@ -30,6 +30,11 @@ func (ix *index) checkDuplicates(r *Report) {
 			case j == 0:
 			case holder == nil:
 				r.excuse(x, runs[j-1], FailOpen, fmt.Sprintf("every execution before #%d ran unprotected under fail_open", x.N))
+			case in.Store == Memory && ix.h.killedBetween(holder.Instance, holder.Start, x.Start) != nil:
+				// The memory store lives in the instance's process: its
+				// records died with it.
+				f := ix.h.killedBetween(holder.Instance, holder.Start, x.Start)
+				r.excuse(x, holder, Killed, fmt.Sprintf("%s killed after #%d ran: its memory store died with it: %s", holder.Instance, holder.N, f.Describe()))
 			case ix.replayed(holder) != nil:
 				// Its record was complete: stores that lose nothing on a
 				// restart never run a completed record again, whatever
@@ -121,7 +126,11 @@ func (ix *index) duplicateSummary(in *Intent, prev, x *Execution) string {
 		}
 	}
 	if len(near) == 0 {
-		return s + fmt.Sprintf("; no fault of %s or its link to %s in between", prev.Instance, in.Store)
+		s += fmt.Sprintf("; no fault of %s or its link to %s in between", prev.Instance, in.Store)
+		if locks := ix.locksBetween(in, from, x.Start); locks != "" {
+			s += "; a row of another key was locked meanwhile: " + locks
+		}
+		return s
 	}
 	s += fmt.Sprintf("; in between, shorter than the tolerance (%s):", secs(h.tolerated()))
 	for _, n := range near {

@@ -113,6 +113,9 @@ func (f *Fault) Describe() string {
 	default:
 		target = f.Store
 	}
+	if f.Kind == Lock {
+		target += fmt.Sprintf(" row %q of %q", f.Key, f.Scope)
+	}
 	s := fmt.Sprintf("%s %s %s [%s-%s]", f.Kind, target, secs(f.End-f.Start), secs(f.Start), secs(f.End))
 	if f.Note != "" {
 		s += " (" + f.Note + ")"

@@ -1,6 +1,7 @@
 package history
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -109,4 +110,39 @@ func toStrings(es []Exception) []string {
 		s[i] = string(e)
 	}
 	return s
+}
+
+// intent adds an intent of key in scope on store (pinned to instance
+// when not ""), from source, and returns its index in h.Intents.
+func (h *History) intent(scope, key, store, source, instance string) int {
+	id := len(h.Intents) + 1
+	h.Intents = append(h.Intents, Intent{ID: id, Scope: scope, Key: key, Path: "/" + store + "/orders", Store: store,
+		BodyDigest: "req-" + key, Senders: 1, Source: source, Instance: instance})
+	return len(h.Intents) - 1
+}
+
+// execOf adds an execution of intent i (an index in h.Intents): #n on
+// instance from start to end, answering status with bytes body bytes.
+func (h *History) execOf(i int, n int64, instance string, start, end float64, status, bytes int) *Execution {
+	in := h.Intents[i]
+	h.Executions = append(h.Executions, Execution{N: n, Key: in.Key, Scope: in.Scope, Path: in.Path,
+		Instance: instance, BodyDigest: in.BodyDigest, Start: sec(start), End: sec(end), Status: status,
+		AnswerDigest: fmt.Sprintf("ans%d", n), AnswerBytes: bytes})
+	return &h.Executions[len(h.Executions)-1]
+}
+
+// gotOf adds an attempt of intent i that got the whole answer of
+// execution x (replayed or first-hand), from at to end.
+func (h *History) gotOf(i int, instance string, at, end float64, x *Execution, replayed bool) *Attempt {
+	h.Attempts = append(h.Attempts, Attempt{Intent: h.Intents[i].ID, Sender: 1, Seq: len(h.Attempts) + 1,
+		Instance: instance, Start: sec(at), End: sec(end), Status: x.Status, Replayed: replayed,
+		Execution: x.N, BodyDigest: x.AnswerDigest, BodyBytes: x.AnswerBytes})
+	return &h.Attempts[len(h.Attempts)-1]
+}
+
+// problemOf adds an attempt of intent i answered by the module.
+func (h *History) problemOf(i int, instance string, at, end float64, status int, typ string) *Attempt {
+	h.Attempts = append(h.Attempts, Attempt{Intent: h.Intents[i].ID, Sender: 1, Seq: len(h.Attempts) + 1,
+		Instance: instance, Start: sec(at), End: sec(end), Status: status, Problem: typ})
+	return &h.Attempts[len(h.Attempts)-1]
 }

@@ -9,7 +9,14 @@
 //  3. no client gets an answer made for another key, scope or request;
 //  4. liveness: once the faults have stopped and a quiet period passed,
 //     every intent gets a final answer (no key stuck in flight);
-//  5. no 5xx the documentation does not list for the situation.
+//  5. no 5xx the documentation does not list for the situation;
+//  6. no body accepted as complete (a clean end, no error) that is
+//     shorter than what the upstream sent for it, and no answer cut
+//     short for a client that reads steadily, however slowly;
+//  7. no unrelated key refused (409, 503) while one PostgreSQL row is
+//     locked by an outside transaction;
+//  8. no new key refused store-full while made-up sources' refusals
+//     hold most of the store.
 //
 // Times are offsets from the start of the run, all read from one clock
 // (the soak's process), so that a history can be saved, loaded and
@@ -53,12 +60,32 @@ type Params struct {
 	// reachable again (about a second, docs/guarantees.md): it lengthens
 	// every Redis outage.
 	RedisReconnect time.Duration
+	// StoreLatency and StoreJitter are the one-way latency of every link
+	// to a store, all run long (a store a network hop away): no excuse.
+	StoreLatency, StoreJitter time.Duration
+	// MemoryMaxKeys is the max_keys of the memory route's store (one per
+	// instance); 0 when there is no memory route.
+	MemoryMaxKeys int
 }
 
 // Store names.
 const (
 	Redis    = "redis"
 	Postgres = "postgres"
+	// Memory is the in-process store of one instance: its intents are
+	// pinned to that instance (Intent.Instance).
+	Memory = "memory"
+)
+
+// Sources of intents: the part of the workload that sent them.
+const (
+	SourceWorker = ""           // a client worker of the steady workload
+	SourceScale  = "scale"      // a scale wave: thousands of long requests at once, each retried elsewhere
+	SourceSlow   = "slow"       // a client over HTTP/1.1, HTTP/2, h2c or HTTP/3 that reads slowly, stalls or hangs up
+	SourceMadeUp = "made-up"    // a made-up credential that the upstream refuses (404), never seen again
+	SourceFill   = "fill"       // a real client's new key on a store the made-up credentials filled
+	SourceLocked = "locked"     // the key whose PostgreSQL row an outside transaction holds locked
+	SourceBurst  = "lock-burst" // unrelated new keys sent while a row is locked
 )
 
 // Intent is one operation a client wants done once: a key, in a scope,
@@ -72,7 +99,15 @@ type Intent struct {
 	FailOpen   bool   // the route has on_storage_error fail_open
 	BodyDigest string // of the request body
 	Senders    int    // clients sending it at the same time
+	// Source is the part of the workload that sent it (Source*).
+	Source string `json:",omitempty"`
+	// Instance pins the intent to one instance (the memory store's
+	// intents); "" for any.
+	Instance string `json:",omitempty"`
 }
+
+// MadeUp reports whether the intent is a made-up credential's.
+func (in *Intent) MadeUp() bool { return in.Source == SourceMadeUp }
 
 // Attempt is one request a client sent for an intent, and what it got.
 type Attempt struct {
@@ -89,7 +124,17 @@ type Attempt struct {
 	AskDelay  time.Duration
 	AskStatus int  // 0: the upstream's default (201)
 	AskBreak  bool // break off mid-body after the status
+	AskSize   int  // > 0: a body of this many bytes (X-Upstream-Size)
 	HungUp    bool // the client hung up mid-request on purpose
+
+	// How the client spoke and read: Proto "" is HTTP/1.1 with the
+	// steady workload's client; Read "" reads at once, ReadSlow reads
+	// ReadRate bytes a second throughout, ReadStall stops reading for
+	// StallFor and then reads the rest at once.
+	Proto    string        `json:",omitempty"`
+	Read     string        `json:",omitempty"`
+	ReadRate int           `json:",omitempty"`
+	StallFor time.Duration `json:",omitempty"`
 
 	Status      int    // 0: no response
 	Err         string // the request or reading its body failed
@@ -98,6 +143,7 @@ type Attempt struct {
 	Problem     string // the type of a problem+json answer
 	Execution   int64  // X-Execution: the upstream execution it names
 	BodyDigest  string // of the body read (whole or not)
+	BodyBytes   int    // how many body bytes were read
 	// From the upstream's JSON answer, when the body is one.
 	BodyExecution int64
 	BodyKey       string
@@ -115,8 +161,15 @@ type Execution struct {
 	Start, End   time.Duration
 	Status       int
 	AnswerDigest string
+	AnswerBytes  int  // how many body bytes it wrote
 	BrokeOff     bool // sent the status, then broke off mid-body
 }
+
+// Ways of reading an answer (Attempt.Read).
+const (
+	ReadSlow  = "slow"
+	ReadStall = "stall"
+)
 
 // FaultKind names what the nemesis did.
 type FaultKind string
@@ -130,7 +183,19 @@ const (
 	StoreRestart FaultKind = "store-restart" // a store stopped cleanly and started again
 	StoreKill    FaultKind = "store-kill"    // a store killed (kill -9) and started again
 	Reload       FaultKind = "reload"        // a config reload through the admin API
+	// Latency: an instance's link to a store delays every byte (a store
+	// 10-80 ms away, round trip, with jitter) for a while. It is no
+	// outage: nothing it does is excused.
+	Latency FaultKind = "latency"
+	// Lock: an outside transaction holds one PostgreSQL row locked (an
+	// uncommitted INSERT of a key clients then send, or FOR UPDATE of a
+	// lapsed row a request must take over) for a while. Only that key
+	// may wait or be refused.
+	Lock FaultKind = "lock"
 )
+
+// OnALink reports whether the fault is on an instance's link to a store.
+func (k FaultKind) OnALink() bool { return k == Stall || k == Cut || k == Latency }
 
 // Fault is one fault, from when it began to when it was healed (for a
 // kill, the restarted instance answering; for a store, the store taking
@@ -142,6 +207,9 @@ type Fault struct {
 	Start    time.Duration
 	End      time.Duration
 	Note     string // what varied (a reload's config), or why applying it failed
+	// Key and Scope name the record a Lock holds.
+	Key   string `json:",omitempty"`
+	Scope string `json:",omitempty"`
 }
 
 // Crash is a Caddy instance that panicked or exited on its own.

@@ -79,3 +79,12 @@ func TestACaddyCrashIsAnAnomaly(t *testing.T) {
 	h.Crashes = []Crash{{Instance: "b", At: sec(3), What: "panic: boom"}}
 	expect(t, h, "caddy-crash")
 }
+
+// A made-up credential never comes back: the sweep leaves it out, and
+// that is no stuck key.
+func TestMadeUpCredentialsAreNotSwept(t *testing.T) {
+	h := fillHistory(1)
+	h.exec(1, "a", 5, 5.1, 201)
+	h.got("a", 5, 1, 201, false)
+	expect(t, h.sweep(1), "")
+}

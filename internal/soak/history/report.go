@@ -31,6 +31,17 @@ func (r *Report) Write(w io.Writer, h *History) {
 	}
 	fmt.Fprintf(w, "== workload\n  %d intents, %d attempts (%d replayed), %d executions\n",
 		len(h.Intents), len(h.Attempts), replays, len(h.Executions))
+	if p := h.Params; p.StoreLatency > 0 || p.StoreJitter > 0 {
+		fmt.Fprintf(w, "  every store link %s away one way (jitter %s)\n", p.StoreLatency, p.StoreJitter)
+	}
+	for _, c := range countBy(h.Intents, func(in Intent) string { return sourceName(in.Source) }) {
+		fmt.Fprintf(w, "  %-20s %5d intents\n", c.kind, c.n)
+	}
+	for _, c := range countBy(h.Attempts, func(a Attempt) string { return clientName(&a) }) {
+		if c.kind != "" {
+			fmt.Fprintf(w, "  %-20s %5d attempts\n", c.kind, c.n)
+		}
+	}
 
 	fmt.Fprintf(w, "== duplicate executions excused by a documented exception: %d\n", len(r.Excused))
 	for _, c := range countBy(r.Excused, func(e Excused) string { return string(e.Exception) }) {
@@ -42,7 +53,7 @@ func (r *Report) Write(w io.Writer, h *History) {
 
 	fmt.Fprintf(w, "== anomalies by kind\n")
 	for _, c := range countBy(r.Anomalies, func(a Anomaly) string { return string(a.Kind) }) {
-		fmt.Fprintf(w, "  %-20s %5d\n", c.kind, c.n)
+		fmt.Fprintf(w, "  %-24s %5d%s\n", c.kind, c.n, bySource(ix, r.Anomalies, AnomalyKind(c.kind)))
 	}
 	if len(r.Anomalies) > 0 {
 		fmt.Fprintf(w, "== anomalies\n")
@@ -60,6 +71,47 @@ func (r *Report) Write(w io.Writer, h *History) {
 		}
 	}
 	fmt.Fprintf(w, "%d anomalies\n", len(r.Anomalies))
+}
+
+// sourceName names an intent's source for the report.
+func sourceName(s string) string {
+	if s == SourceWorker {
+		return "worker"
+	}
+	return s
+}
+
+// clientName names how an attempt's client spoke and read, "" for the
+// steady workload's.
+func clientName(a *Attempt) string {
+	if a.Proto == "" && a.Read == "" {
+		return ""
+	}
+	read := a.Read
+	if read == "" {
+		read = "reads at once"
+	}
+	return "client " + a.proto() + " " + read
+}
+
+// bySource counts the anomalies of kind by the source of their intent:
+// "  (scale 3, worker 1)".
+func bySource(ix *index, as []Anomaly, kind AnomalyKind) string {
+	var parts []string
+	for _, c := range countBy(as, func(a Anomaly) string {
+		if a.Kind != kind {
+			return ""
+		}
+		if in := ix.intents[a.Intent]; in != nil {
+			return sourceName(in.Source)
+		}
+		return "-"
+	}) {
+		if c.kind != "" {
+			parts = append(parts, fmt.Sprintf("%s %d", c.kind, c.n))
+		}
+	}
+	return "  (" + strings.Join(parts, ", ") + ")"
 }
 
 type count struct {
@@ -142,7 +194,7 @@ func (ix *index) timeline(in *Intent) []string {
 	for _, x := range ix.runs[scopeKey{in.Scope, in.Key}] {
 		instances[x.Instance] = true
 		span(x.Start, x.End)
-		line := fmt.Sprintf("execution #%d on %s [%s-%s] answered %d", x.N, x.Instance, secs(x.Start), secs(x.End), x.Status)
+		line := fmt.Sprintf("execution #%d on %s [%s-%s] answered %d (%d bytes)", x.N, x.Instance, secs(x.Start), secs(x.End), x.Status, x.AnswerBytes)
 		if x.BrokeOff {
 			line += ", broke off mid-body"
 		}
@@ -197,6 +249,12 @@ func (ix *index) timeline(in *Intent) []string {
 // attemptLine describes one attempt and what it asked for and got.
 func attemptLine(a *Attempt) string {
 	var ask []string
+	if m := a.mode(); m != "" {
+		ask = append(ask, m)
+	}
+	if a.AskSize > 0 {
+		ask = append(ask, fmt.Sprintf("size %d", a.AskSize))
+	}
 	if a.AskDelay > 0 {
 		ask = append(ask, "delay "+secs(a.AskDelay))
 	}

@@ -44,7 +44,7 @@ func TestTheReportCountsFaultsAndAnomaliesAndEndsWithTheirNumber(t *testing.T) {
 	for _, want := range []string{
 		"stall                2  (1 of them >= 2.250s)",
 		"kill                 1",
-		"duplicate-execution      1",
+		"duplicate-execution          1  (worker 1)",
 		"released                       1",
 		`[1] duplicate-execution intent 1 key "k1" scope "Bearer c1"`,
 		"stall a-postgres 1.000s [1.500s-2.500s], an outage of 1.000s",
@@ -61,6 +61,36 @@ func TestTheReportCountsFaultsAndAnomaliesAndEndsWithTheirNumber(t *testing.T) {
 	}
 	if !strings.HasSuffix(text, "\n1 anomalies\n") {
 		t.Errorf("the report does not end with the count:\n%s", text)
+	}
+}
+
+// The report counts intents by source, the clients of other protocols
+// and reading modes, and anomalies by the source of their intent.
+func TestTheReportCountsBySourceAndClient(t *testing.T) {
+	h := newHistory()
+	h.Params.StoreLatency = sec(0.03)
+	s := h.intent("Bearer scale", "s-1", Postgres, SourceScale, "")
+	h.execOf(s, 1, "a", 1, 8, 201, 90)
+	h.execOf(s, 2, "b", 5, 5.1, 201, 90)
+	x := h.execOf(0, 3, "a", 1, 40, 201, bigAnswer)
+	a := h.gotOf(0, "a", 1, 40, x, false)
+	a.Proto, a.Read, a.ReadRate, a.AskSize = "h2", ReadSlow, 2000, bigAnswer
+	a.BodyBytes, a.BodyDigest, a.Err = 20_000, "part", "stream error"
+	var out bytes.Buffer
+	Check(h).Write(&out, h)
+	text := out.String()
+	for _, want := range []string{
+		"every store link 30ms away one way",
+		"scale                    1 intents",
+		"worker                   1 intents",
+		"client h2 slow           1 attempts",
+		"duplicate-execution          1  (scale 1)",
+		"slow-reader-cut              1  (worker 1)",
+		"(h2, reads 2000 B/s, size 900000) [-40.000s]: 201 new #3 20000 bytes (stream error)",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the report lacks %q:\n%s", want, text)
+		}
 	}
 }
 

@@ -11,7 +11,9 @@ const (
 // checkStatuses is invariant 5, and the module's other answers: 409 only
 // as request-outstanding; 503 store-unavailable only on a fail_closed
 // route during or just after a fault that kept its instance from the
-// store; 502 only for an upstream that failed before its status; a 5xx
+// store, or while a PostgreSQL row is locked (checkLocks judges those of
+// other keys); 503 store-full on a memory route whose store is full
+// (checkFill judges one that made-up sources filled); 502 only for an upstream that failed before its status; a 5xx
 // the upstream sent only first-hand (it frees the key, so it is never
 // replayed); nothing else of the module's own, and never a 500.
 func (ix *index) checkStatuses(r *Report) {
@@ -46,9 +48,16 @@ func (ix *index) unlisted(in *Intent, a *Attempt) string {
 			return fmt.Sprintf("409 of type %q", a.Problem)
 		}
 		return ""
+	case a.Status == 503 && a.Problem == ProblemStoreFull && in.Store == Memory:
+		return ix.storeFullListed(a)
 	case a.Status == 503 && a.Problem == ProblemStoreUnavailable:
 		if in.FailOpen {
 			return "503 store-unavailable on a fail_open route"
+		}
+		if ix.lockDuring(in, a) != nil {
+			// The locked key may be refused; any other key is
+			// checkLocks's to judge.
+			return ""
 		}
 		if ix.h.troubleNear(a.Instance, in.Store, a.Start, a.End) < 0 {
 			return fmt.Sprintf("503 store-unavailable with no fault of %s or its link to %s during it or within %s before",
