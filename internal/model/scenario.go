@@ -68,14 +68,14 @@ func needsLease(kind string) bool {
 	return slices.Contains([]string{scLease, scPartition, scTakeover, scAftercare, scScale, scPause}, kind)
 }
 
-// fault is something done to the store's paths during a step.
+// fault is something done to the store's paths during a step. (A path's
+// latency is the trial's: Trial.Latency.)
 type fault struct {
-	Kind  string // stall (a black hole: bytes held), cut (connections refused and closed), latency
+	Kind  string // stall (a black hole, or the store paused: bytes held), cut (connections refused and closed)
 	Paths string // a, b or ab
 	// From and To are when it starts and ends, in leases after the step's
 	// anchor (the first request reaching the upstream).
 	From, To float64
-	Latency  time.Duration // latency: one way
 }
 
 // timing is a scenario's schedule: when each attempt is sent, in leases
@@ -173,12 +173,11 @@ func (g *gen) scenarioStep(kind string) (Step, bool) {
 		for range n {
 			ins = append(ins, g.scenarioIntent())
 		}
-		for round := range 3 {
+		for range 3 {
 			for _, in := range ins {
 				a := g.scenarioAttempt(in, pick(r, "a", "b"), g.fast())
 				a.Do.Delay = time.Duration(r.IntN(100)) * time.Millisecond
 				st.Attempts = append(st.Attempts, a)
-				_ = round
 			}
 		}
 		st.Timing = &timing{At: make([]float64, 3*n), Fault: &fault{Kind: "stall", Paths: "ab", From: 0.1, To: 0.3}}

@@ -93,17 +93,15 @@ func (x *trialRun) runTimed(st Step) []*outcome {
 		}
 	}
 	anchor := x.anchor(first)
-	var timers []*time.Timer
 	later := func(d time.Duration, f func()) {
 		wg.Add(1)
-		timers = append(timers, time.AfterFunc(max(time.Until(anchor.Add(d)), 0), func() {
+		time.AfterFunc(max(time.Until(anchor.Add(d)), 0), func() {
 			defer wg.Done()
 			f()
-		}))
+		})
 	}
 	if f := tm.Fault; f != nil {
-		x.fault(f, true)
-		later(at(f.From), func() { x.fault(f, false) })
+		later(at(f.From), func() { x.fault(f) })
 		later(at(f.To), func() { x.heal(f) })
 	}
 	last := len(st.Attempts) - 1
@@ -169,12 +167,8 @@ func isReplay(res *Result, a *Attempt) bool {
 	return !res.NoAnswer && res.Header.Get(HeaderReq) != "" && res.Header.Get(HeaderReq) != a.ID
 }
 
-// fault starts f on its paths, as from its start (prepare only sets what
-// must be in place before: nothing but for latency).
-func (x *trialRun) fault(f *fault, prepare bool) {
-	if prepare {
-		return
-	}
+// fault starts f on its paths.
+func (x *trialRun) fault(f *fault) {
 	for i, p := range x.env.Paths {
 		if p == nil || !(f.Paths == "ab" || f.Paths == "a" && i == 0 || f.Paths == "b" && i == 1) {
 			continue
@@ -184,8 +178,6 @@ func (x *trialRun) fault(f *fault, prepare bool) {
 			p.Stall()
 		case "cut":
 			p.Cut()
-		case "latency":
-			p.SetLatency(f.Latency, jitter)
 		}
 	}
 }
