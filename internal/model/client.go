@@ -33,10 +33,6 @@ func (m ClientMode) String() string {
 	return [...]string{"read-all", "hang-up", "stop-reading", "slow-read", "stall-resume"}[m]
 }
 
-// reads reports whether a client in mode m reads the whole answer (at
-// once, slowly, or after a stall).
-func (m ClientMode) reads() bool { return m == ReadAll || m == SlowRead || m == StallResume }
-
 // Attempt is one request the model sends.
 type Attempt struct {
 	ID     string // X-Model-Req
