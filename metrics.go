@@ -25,6 +25,7 @@ var metrics struct {
 	storeDuration *prometheus.HistogramVec
 	inFlight      *prometheus.GaugeVec
 	aftercare     *prometheus.GaugeVec
+	abandons      *prometheus.GaugeVec
 	failOpen      *prometheus.CounterVec
 	servers       sync.Map // server name -> *serverMetrics
 }
@@ -97,7 +98,11 @@ func initMetrics() {
 		}, []string{"server"})
 		metrics.aftercare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "aftercare_backlog",
-			Help: "Store writes (completions, releases) that failed and are retried in the background, by backend.",
+			Help: "Store writes that settle the records of requests that ran (completions, releases), failed, and are retried in the background, each holding its key in flight until it lands, by backend.",
+		}, []string{"backend"})
+		metrics.abandons = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "abandoned_reservations",
+			Help: "Reservations whose outcome is unknown (their requests were answered 503), to be released in the background once the store answers, by backend.",
 		}, []string{"backend"})
 	})
 }
@@ -108,7 +113,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare, metrics.failOpen} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare, metrics.abandons, metrics.failOpen} {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err
