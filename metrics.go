@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
 )
 
 // storeOps lists every value of the op label.
@@ -113,7 +115,11 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare, metrics.abandons, metrics.failOpen} {
+	collectors := []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare, metrics.abandons, metrics.failOpen}
+	// The storage backends' (records_removed_total), which the handler
+	// registers for them: a backend has no registry of its own.
+	collectors = append(collectors, backend.Collectors()...)
+	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err

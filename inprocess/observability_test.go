@@ -242,3 +242,42 @@ http://127.0.0.1:%d {
 			grew(one, "new"), grew(one, "replayed"), one, grew(two, "new"), grew(two, "replayed"), two)
 	}
 }
+
+// TestMetricsCountRecordsTheStoreRemoves: refusal records that give way
+// in a full memory store are counted in
+// caddy_http_idempotency_records_removed_total{backend="memory",reason="evicted"},
+// served on Caddy's /metrics (the handler registers the backends'
+// collectors); the expired series exists from the start.
+func TestMetricsCountRecordsTheStoreRemoves(t *testing.T) {
+	adminPort := freePort(t)
+	base := loadCaddyfileGlobals(t, freePort(t), fmt.Sprintf("admin 127.0.0.1:%d\n\tmetrics", adminPort), `
+	idempotency {
+		storage memory {
+			max_keys 10
+			max_keys_per_scope 10
+		}
+	}
+	respond /refused 404
+	respond 201`)
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", adminPort)
+	evicted := `caddy_http_idempotency_records_removed_total{backend="memory",reason="evicted"}`
+	expired := `caddy_http_idempotency_records_removed_total{backend="memory",reason="expired"}`
+	before := scrape(t, metricsURL)
+	if _, ok := before[expired]; !ok {
+		t.Fatalf("series %s missing", expired)
+	}
+	for i := range 10 { // fill the store with recorded 404s
+		if resp, _ := post(t, base+"/refused", fmt.Sprint("refused-", i), `{}`); resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("refused-%d: %d", i, resp.StatusCode)
+		}
+	}
+	for i := range 3 { // each new key evicts one
+		if resp, _ := post(t, base+"/orders", fmt.Sprint("new-", i), `{}`); resp.StatusCode != http.StatusCreated {
+			t.Fatalf("new-%d: %d, want 201", i, resp.StatusCode)
+		}
+	}
+	after := scrape(t, metricsURL)
+	if got := after[evicted] - before[evicted]; got != 3 {
+		t.Fatalf("%s grew by %v, want 3", evicted, got)
+	}
+}
