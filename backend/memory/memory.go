@@ -85,7 +85,6 @@ func countRemoved(expired bool, n int64) {
 	backend.CountRemoved("memory", reason, n)
 }
 
-
 // Validate reports configuration errors: none once provisioned (Provision
 // compiles the configuration first), else the compile error.
 func (m *Storage) Validate() error {
