@@ -71,7 +71,7 @@ func (h *Handler) storeErrorAnswer(err error) answer {
 			// No Retry-After: room returns when a request running now frees
 			// its key or a record expires, and the store cannot tell when.
 			detail: "too many requests are being tracked; retry later",
-			level: zapcore.ErrorLevel, msg: "idempotency store is full; rejecting a new key"}
+			level:  zapcore.ErrorLevel, msg: "idempotency store is full; rejecting a new key"}
 	case errors.Is(err, storage.ErrBusy):
 		// Another transaction holds the key's record (an operator's open
 		// BEGIN, a retry's takeover): for this key, as good as a request
