@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -280,4 +282,80 @@ func TestMetricsCountRecordsTheStoreRemoves(t *testing.T) {
 	if got := after[evicted] - before[evicted]; got != 3 {
 		t.Fatalf("%s grew by %v, want 3", evicted, got)
 	}
+}
+
+// TestStoreOutageLogsAboutOneLineASecond runs Caddy on a Redis nothing
+// listens on, sends requests without pause for 2.5 s, and reads Caddy's
+// log: every request got its 503, and the handler wrote about one line a
+// second (not one per request), whose requests fields add up to the 503s.
+func TestStoreOutageLogsAboutOneLineASecond(t *testing.T) {
+	port, redisPort := freePort(t), freePort(t)
+	logFile := t.TempDir() + "/caddy.log"
+	cfg := fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	http_port %d
+	log {
+		output file %s
+		include http.handlers.idempotency
+		level WARN
+	}
+}
+
+http://127.0.0.1:%d {
+	idempotency {
+		storage redis redis://127.0.0.1:%d/0
+	}
+	respond 201
+}
+`, port, logFile, port, redisPort)
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(js, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+
+	var refused atomic.Int64
+	stop := time.Now().Add(2500 * time.Millisecond)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop); i++ {
+				resp, _, err := tryPost(base+"/orders", fmt.Sprint("outage-", i), `{}`)
+				if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+					t.Errorf("during the outage: %v %v, want 503", resp, err)
+					return
+				}
+				refused.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	const msg = "idempotency store unavailable; rejecting the request (fail_closed)"
+	var lines int
+	var counted int64
+	testutil.Eventually(t, 5*time.Second, "every 503 to be counted in the log", func() bool {
+		data, _ := os.ReadFile(logFile)
+		lines, counted = 0, 0
+		for line := range strings.SplitSeq(strings.TrimSpace(string(data)), "\n") {
+			var entry struct {
+				Msg      string `json:"msg"`
+				Requests int64  `json:"requests"`
+			}
+			if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == msg {
+				lines++
+				counted += entry.Requests
+			}
+		}
+		return counted == refused.Load()
+	})
+	if lines < 3 || lines > 5 || refused.Load() < 4*int64(lines) {
+		t.Fatalf("%d requests refused in 2.5 s logged %d lines, want about one a second (3 to 5)", refused.Load(), lines)
+	}
+	t.Logf("%d requests refused, %d log lines", refused.Load(), lines)
 }
