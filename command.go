@@ -113,7 +113,11 @@ func schemaCommand() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			for _, s := range statements {
-				fmt.Fprintf(out, "%s;\n\n", strings.TrimSpace(s))
+				s = strings.TrimSpace(s)
+				if isUpgrade(s) {
+					fmt.Fprintln(out, "-- Upgrade: adds a column that tables made by earlier versions lack (nothing to do on a table the statements above made).")
+				}
+				fmt.Fprintf(out, "%s;\n\n", s)
 			}
 			if role != "" {
 				grant, err := postgres.Grant(table, role)
@@ -128,6 +132,13 @@ func schemaCommand() *cobra.Command {
 	cmd.Flags().String("table", postgres.DefaultTable, "the table name, as the table option of storage postgres (may be schema-qualified)")
 	cmd.Flags().String("role", "", "the database role Caddy connects as, to grant the table's use to")
 	return cmd
+}
+
+// isUpgrade reports whether a statement of the schema is there for
+// tables made by an earlier version (ALTER TABLE ... ADD COLUMN IF NOT
+// EXISTS), rather than to make the table.
+func isUpgrade(statement string) bool {
+	return strings.HasPrefix(statement, "ALTER TABLE ") && strings.Contains(statement, " ADD COLUMN IF NOT EXISTS ")
 }
 
 // recordCommand is get or delete: one request to the admin API's

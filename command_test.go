@@ -137,3 +137,31 @@ func TestRecordCommandsRefuseKeyHashWithAScope(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemaCommandMarksItsUpgradeStatements: the statements that bring
+// a table of an earlier version up to date (ALTER TABLE ... ADD COLUMN IF
+// NOT EXISTS) come with a comment that says so; those that make the table
+// do not.
+func TestSchemaCommandMarksItsUpgradeStatements(t *testing.T) {
+	out, err := runCommand(t, schemaCommand())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out, "\n")
+	upgrades := 0
+	for i, line := range lines {
+		marked := i > 0 && strings.HasPrefix(lines[i-1], "-- Upgrade:")
+		switch {
+		case strings.Contains(line, "ADD COLUMN IF NOT EXISTS"):
+			upgrades++
+			if !marked {
+				t.Errorf("upgrade statement %q without its comment in:\n%s", line, out)
+			}
+		case strings.HasPrefix(line, "CREATE ") && marked:
+			t.Errorf("%q marked as an upgrade", line)
+		}
+	}
+	if upgrades == 0 {
+		t.Fatalf("no upgrade statement in:\n%s", out)
+	}
+}
