@@ -135,9 +135,12 @@ func (m *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_bytes":
 			return cfargs.SizeArg(d, &m.MaxBytes)
 		}
-		return d.Errf("unrecognized memory storage option '%s'", opt)
+		return cfargs.Unknown(d, "memory storage", opt, options)
 	}, func() error { _, err := m.compile(); return err })
 }
+
+// options are the options of the storage memory block.
+var options = []string{"max_keys", "max_keys_per_scope", "max_bytes"}
 
 // Interface guards
 var (

@@ -275,9 +275,12 @@ func (p *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.ReplayCache, err = backend.ParseReplayCache(d)
 			return err
 		}
-		return d.Errf("unrecognized postgres storage option '%s'", opt)
+		return cfargs.Unknown(d, "postgres storage", opt, options)
 	}, func() error { _, err := p.compile(); return err })
 }
+
+// options are the options of the storage postgres block.
+var options = []string{"dsn", "table", "create_table", "cleanup_interval", "max_conns", "timeout", "replay_cache"}
 
 // Interface guards
 var (

@@ -351,8 +351,15 @@ func (r *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "tls_server_name":
 			return cfargs.StringArg(d, &r.TLSServerName)
 		}
-		return d.Errf("unrecognized redis storage option '%s'", opt)
+		return cfargs.Unknown(d, "redis storage", opt, options)
 	}, func() error { _, err := r.compile(); return err })
+}
+
+// options are the options of the storage redis block.
+var options = []string{
+	"url", "addresses", "master_name", "sentinel_username", "sentinel_password", "username", "password",
+	"key_prefix", "pool_size", "dial_timeout", "timeout", "replay_cache",
+	"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name",
 }
 
 // Interface guards
