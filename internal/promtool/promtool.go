@@ -75,7 +75,7 @@ func FromDebian(dir string, logf func(format string, args ...any)) (string, erro
 	}
 	p := filepath.Join(root, "usr", "bin", "promtool")
 	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("Debian's prometheus package holds no promtool: %v", err)
+		return "", fmt.Errorf("no promtool in the prometheus package of Debian: %v", err)
 	}
 	logf("unpacked %s", p)
 	return p, nil
