@@ -7,6 +7,16 @@
 #                (internal/cmd/testservers: needs redis-server, initdb and postgres),
 #                or the servers named by IDEMPOTENCY_REDIS_URL and
 #                IDEMPOTENCY_POSTGRES_DSN. Nothing of the system's is configured.
+#                Run as root (CI, a container), testservers installs a missing
+#                redis-server or postgresql with apt-get, and says so first; as
+#                anyone else it stops and prints the apt-get command to run.
+#                The Prometheus rules' unit tests need promtool: the one on PATH,
+#                or else bin/promtool, unpacked from Debian's prometheus package
+#                (apt-get download: nothing installed; as root, apt-get update
+#                first when the package lists are missing), by the promtool
+#                target, which says which it does. Without either they are
+#                skipped (they fail under CI=true). Go modules and xcaddy
+#                (go install, into GOPATH/bin) are fetched by the go command.
 #   make check   gofmt, go vet, go mod tidy -diff and staticcheck
 #   make bench   the load benchmark (see docs/performance.md; needs wrk, about
 #                30 minutes); BENCH_FLAGS="-write docs/performance.md" records
@@ -52,7 +62,7 @@ STATICCHECK  := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # them and removes their files, whatever the command's outcome.
 WITH_SERVERS := bin/testservers --
 
-.PHONY: run test check testservers unit build check-build fuzz fuzz-short bench soak mutants
+.PHONY: run test check testservers promtool unit build check-build fuzz fuzz-short bench soak mutants
 
 run:
 	$(GO) run ./cmd/caddy run --config Caddyfile.example
@@ -69,10 +79,17 @@ check:
 testservers:
 	$(GO) build -o bin/testservers ./internal/cmd/testservers
 
+# promtool for the rules' unit tests (contrib/prometheus), at bin/promtool:
+# a link to the one on PATH, or the one of Debian's prometheus package
+# (internal/cmd/getpromtool prints which, and what it downloads).
+promtool:
+	$(GO) run ./internal/cmd/getpromtool bin/promtool
+
 # The end-to-end tests run the xcaddy-built binary, so the documented build
 # is what they prove.
-unit: build testservers
-	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(WITH_SERVERS) $(GO) test -race -count=1 -timeout 30m ./...
+unit: build testservers promtool
+	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy IDEMPOTENCY_PROMTOOL=$$([ -e bin/promtool ] && echo $(CURDIR)/bin/promtool) \
+		$(WITH_SERVERS) $(GO) test -race -count=1 -timeout 30m ./...
 
 $(XCADDY):
 	$(GO) install github.com/caddyserver/xcaddy/cmd/xcaddy@v0.4.5

@@ -96,11 +96,19 @@ func (k choreKind) String() string {
 // outage of the store costs it one probe per pause rather than one per
 // failed request. It holds the store open meanwhile (a reload must not
 // close it under a pending write).
+//
+// Two gauges count what is pending, apart: backlog the writes that settle
+// the records of requests that ran (complete, release), each holding its
+// key in flight until it lands; abandons the reservations of requests
+// that were answered 503, released once the store answers. An outage
+// fills the second with one per 503, the first only with the requests
+// that were running when it began.
 type aftercare struct {
-	store   settler
-	hold    func() (release func(), ok bool)
-	logger  *zap.Logger
-	backlog prometheus.Gauge // the writes not done with; nil: not counted
+	store    settler
+	hold     func() (release func(), ok bool)
+	logger   *zap.Logger
+	backlog  prometheus.Gauge // complete and release chores not done with; nil: not counted
+	abandons prometheus.Gauge // abandon chores not done with; nil: not counted
 
 	mu      sync.Mutex
 	pending []*chore
@@ -122,7 +130,7 @@ func (a *aftercare) add(c *chore) {
 		return
 	}
 	a.pending = append(a.pending, c)
-	a.count(1)
+	a.count([]*chore{c}, nil)
 	if c.kind == choreAbandon {
 		if a.abandoned == nil {
 			a.abandoned = make(map[storage.Key]*chore)
@@ -142,7 +150,7 @@ func (a *aftercare) add(c *chore) {
 		dropped := a.pending
 		a.pending, a.abandoned, a.running = nil, nil, false
 		a.mu.Unlock()
-		a.count(-len(dropped))
+		a.count(nil, dropped)
 		for _, d := range dropped {
 			d.lease.stop()
 		}
@@ -154,10 +162,29 @@ func (a *aftercare) add(c *chore) {
 	}()
 }
 
-// count adds n to the backlog gauge.
-func (a *aftercare) count(n int) {
-	if a.backlog != nil {
-		a.backlog.Add(float64(n))
+// count adds the chores of added to their gauges and takes those of
+// done off, each gauge changed once.
+func (a *aftercare) count(added, done []*chore) {
+	var settle, abandon int
+	for _, c := range added {
+		if c.kind == choreAbandon {
+			abandon++
+		} else {
+			settle++
+		}
+	}
+	for _, c := range done {
+		if c.kind == choreAbandon {
+			abandon--
+		} else {
+			settle--
+		}
+	}
+	if a.backlog != nil && settle != 0 {
+		a.backlog.Add(float64(settle))
+	}
+	if a.abandons != nil && abandon != 0 {
+		a.abandons.Add(float64(abandon))
 	}
 }
 
@@ -177,7 +204,7 @@ func (a *aftercare) work() {
 		a.mu.Unlock()
 
 		keep, failing, next := a.round(batch)
-		a.count(len(keep) - len(batch))
+		a.count(keep, batch)
 
 		a.mu.Lock()
 		a.pending = append(keep, a.pending...)

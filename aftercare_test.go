@@ -2,9 +2,11 @@ package idempotency
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,4 +211,73 @@ func gaugeOf(t *testing.T, g prometheus.Gauge) float64 {
 		t.Fatal(err)
 	}
 	return m.GetGauge().GetValue()
+}
+
+// outageStore is a store that goes away: while down, a Reserve is written
+// but its reply lost (the outcome unknown to the request, which gets 503),
+// and a Complete or a Release fails.
+type outageStore struct {
+	storage.Store
+	down atomic.Bool
+}
+
+func (s *outageStore) Reserve(ctx context.Context, key storage.Key, fp []byte, lease time.Duration) (storage.Reservation, error) {
+	res, err := s.Store.Reserve(ctx, key, fp, lease)
+	if err == nil && s.down.Load() {
+		return storage.Reservation{Token: res.Token}, errUnreachable
+	}
+	return res, err
+}
+
+func (s *outageStore) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
+	if s.down.Load() {
+		return errUnreachable
+	}
+	return s.Store.Complete(ctx, key, token, resp, ttl)
+}
+
+func (s *outageStore) Release(ctx context.Context, key storage.Key, token storage.Token) error {
+	if s.down.Load() {
+		return errUnreachable
+	}
+	return s.Store.Release(ctx, key, token)
+}
+
+// TestAftercareBacklogCountsOnlyWritesOfRequestsThatRan: during an outage
+// in which one request was running and twenty got 503, the backlog
+// (caddy_http_idempotency_aftercare_backlog) says 1, the one write that
+// settles the record of a request that ran and holds its key in flight;
+// the twenty reservations of the 503s, whose outcome is unknown, are
+// counted apart (caddy_http_idempotency_abandoned_reservations). Before,
+// the backlog said 21. Both empty once the store is back.
+func TestAftercareBacklogCountsOnlyWritesOfRequestsThatRan(t *testing.T) {
+	h := isolated(t, &Handler{})
+	store := &outageStore{Store: h.store}
+	h.useStore(store)
+	backlog := prometheus.NewGauge(prometheus.GaugeOpts{Name: "test_aftercare_backlog"})
+	abandons := prometheus.NewGauge(prometheus.GaugeOpts{Name: "test_abandoned_reservations"})
+	h.keeper.aftercare.backlog, h.keeper.aftercare.abandons = backlog, abandons
+
+	_, release, done := holdInFlight(h, request("running", `{}`))
+	store.down.Store(true)
+	for i := range 20 {
+		if w := serve(h, &upstream{}, request(fmt.Sprintf("refused-%d", i), `{}`)); w.Code != http.StatusServiceUnavailable {
+			t.Fatalf("request %d during the outage: %d, want 503", i, w.Code)
+		}
+	}
+	release()
+	if w := <-done; w.Code != http.StatusCreated {
+		t.Fatalf("the running request: %d, want 201", w.Code)
+	}
+	if b, a := gaugeOf(t, backlog), gaugeOf(t, abandons); b != 1 || a != 20 {
+		t.Fatalf("during the outage: backlog %v, abandoned reservations %v; want 1 (the completion) and 20 (the 503s)", b, a)
+	}
+
+	store.down.Store(false)
+	testutil.Eventually(t, 10*time.Second, "both gauges to empty once the store is back", func() bool {
+		return gaugeOf(t, backlog) == 0 && gaugeOf(t, abandons) == 0
+	})
+	if w := serve(h, &upstream{}, request("running", `{}`)); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry of the running request after the outage: %d, want its replay", w.Code)
+	}
 }

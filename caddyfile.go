@@ -133,8 +133,20 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, given cfargs.Given, opt st
 	case "docs_url":
 		return cfargs.StringArg(d, &h.DocsURL)
 	}
-	return d.Errf("unrecognized idempotency option '%s'", opt)
+	return cfargs.Unknown(d, "idempotency", opt, handlerOptions)
 }
+
+// handlerOptions are the options parseOption knows, for the suggestion of
+// an unknown option's error (TestCaddyfileOptionListsMatchTheParsers
+// checks them against the parser).
+var handlerOptions = []string{
+	"storage", "ttl", "lock_timeout", "methods", "header", "required", "scope", "max_key_length",
+	"max_body_size", "max_response_size", "fingerprint", "release_on", "in_flight", "wait_timeout",
+	"mode", "errors", "key_json", "on_storage_error", "replay_header", "docs_url",
+}
+
+// fingerprintOptions are the options of the fingerprint block.
+var fingerprintOptions = []string{"headers", "canonical_json", "ignore"}
 
 // parseStorage parses `storage <backend> [{ ... }]` into the handler's
 // storage module JSON; the backend's module parses its own block.
@@ -148,7 +160,7 @@ func parseStorage(d *caddyfile.Dispenser) (json.RawMessage, error) {
 		for _, m := range caddy.GetModules(backend.Namespace) {
 			known = append(known, m.ID.Name())
 		}
-		return nil, d.Errf("unknown storage backend '%s' (available: %s)", name, strings.Join(known, ", "))
+		return nil, d.Errf("unknown storage backend '%s'%s; available: %s", name, cfargs.DidYouMean(name, known), strings.Join(known, ", "))
 	}
 	unm, err := caddyfile.UnmarshalModule(d, backend.Namespace+"."+name)
 	if err != nil {
@@ -171,7 +183,7 @@ func (h *Handler) parseFingerprint(d *caddyfile.Dispenser) error {
 		case "ignore":
 			return cfargs.ArgsList(d, &h.Fingerprint.Ignore)
 		}
-		return d.Errf("unrecognized fingerprint option '%s'", opt)
+		return cfargs.Unknown(d, "fingerprint", opt, fingerprintOptions)
 	}, nil)
 }
 
@@ -186,9 +198,9 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser, given cfargs.Given) erro
 		// Parsed here rather than with durationArg, which would name the
 		// option after the current token ("wait").
 		s := d.Val()
-		dur, err := caddy.ParseDuration(s)
+		dur, err := cfargs.ParseDuration("in_flight wait", s)
 		if err != nil {
-			return d.Errf("in_flight wait: invalid duration '%s': %v", s, err)
+			return d.Err(err.Error())
 		}
 		if dur <= 0 {
 			return d.Errf("in_flight wait timeout must be positive, got '%s'", s)

@@ -3,13 +3,19 @@ package idempotency_test
 import (
 	"encoding/json"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"reflect"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	idempotency "github.com/caddy-idempotency/caddy-idempotency"
@@ -553,5 +559,127 @@ func TestCaddyfileRejectsEmptyValues(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), strings.Fields(opt)[0]+" must not be empty") {
 			t.Errorf("%s: err %v, want a 'must not be empty' error", opt, err)
 		}
+	}
+}
+
+// TestCaddyfileOptionListsMatchTheParsers: the lists of options that an
+// unknown option's error suggests from are the options each parser's
+// switch knows, no more and no fewer (read from the source).
+func TestCaddyfileOptionListsMatchTheParsers(t *testing.T) {
+	for _, tc := range []struct{ file, fn, list string }{
+		{"caddyfile.go", "parseOption", "handlerOptions"},
+		{"caddyfile.go", "parseFingerprint", "fingerprintOptions"},
+		{"global.go", "parseGlobalOption", "globalOptionNames"},
+		{"backend/memory/memory.go", "UnmarshalCaddyfile", "options"},
+		{"backend/redis/redis.go", "UnmarshalCaddyfile", "options"},
+		{"backend/postgres/postgres.go", "UnmarshalCaddyfile", "options"},
+	} {
+		f, err := parser.ParseFile(token.NewFileSet(), tc.file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cases, listed []string
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.FuncDecl:
+				if n.Name.Name == tc.fn {
+					ast.Inspect(n.Body, func(n ast.Node) bool {
+						if cc, ok := n.(*ast.CaseClause); ok {
+							cases = append(cases, stringLits(cc.List)...)
+						}
+						return true
+					})
+				}
+				return false
+			case *ast.ValueSpec:
+				if len(n.Names) == 1 && n.Names[0].Name == tc.list && len(n.Values) == 1 {
+					if cl, ok := n.Values[0].(*ast.CompositeLit); ok {
+						listed = stringLits(cl.Elts)
+					}
+				}
+			}
+			return true
+		})
+		slices.Sort(cases)
+		slices.Sort(listed)
+		if len(cases) == 0 || !slices.Equal(cases, listed) {
+			t.Errorf("%s: %s's options %q, %s lists %q", tc.file, tc.fn, cases, tc.list, listed)
+		}
+	}
+}
+
+func stringLits(exprs []ast.Expr) []string {
+	var out []string
+	for _, e := range exprs {
+		if lit, ok := e.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+			s, _ := strconv.Unquote(lit.Value)
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestCaddyfileUnknownOptionsSuggestTheNearest: an unknown option, a
+// storage backend or an enumeration value a typo away from a known one
+// gets "did you mean", at its line; one far from any gets none.
+func TestCaddyfileUnknownOptionsSuggestTheNearest(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		body []string
+		line int
+		want string // "" for no suggestion
+	}{
+		{"ttl", []string{"tll 1h"}, 3, "did you mean 'ttl'?)"},
+		{"lock_timeout", []string{"ttl 1h", "lock_timout 5s"}, 4, "did you mean 'lock_timeout'?)"},
+		{"swapped letters", []string{"requierd"}, 3, "did you mean 'required'?)"},
+		{"a dash for an underscore", []string{"in-flight wait"}, 3, "did you mean 'in_flight'?)"},
+		{"case", []string{"TTL 1h"}, 3, "did you mean 'ttl'?)"},
+		{"fingerprint", []string{"fingerprint {", "\theader Content-Type", "}"}, 4, "unrecognized fingerprint option 'header' (did you mean 'headers'?)"},
+		{"memory", []string{"storage memory {", "\tmax_key 10", "}"}, 4, "unrecognized memory storage option 'max_key' (did you mean 'max_keys'?)"},
+		{"redis", []string{"storage redis {", "\tkey_prefx a:", "}"}, 4, "unrecognized redis storage option 'key_prefx' (did you mean 'key_prefix'?)"},
+		{"postgres", []string{"storage postgres {", "\tdsn x", "\tcleanup_intreval 5m", "}"}, 5, "unrecognized postgres storage option 'cleanup_intreval' (did you mean 'cleanup_interval'?)"},
+		{"backend", []string{"storage reddis"}, 3, "unknown storage backend 'reddis' (did you mean 'redis'?)"},
+		{"value", []string{"on_storage_error fail_opne"}, 3, "did you mean 'fail_open'?)"},
+		{"far from any", []string{"colour red"}, 3, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(block(tc.body...))
+			wantParseError(t, err, tc.line)
+			if tc.want == "" {
+				if strings.Contains(err.Error(), "did you mean") {
+					t.Errorf("error %q suggests an option", err)
+				}
+			} else if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
+	// The global block.
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte("{\n\tidempotency {\n\t\tstrikt\n\t}\n}\n\n:80 {\n\trespond 200\n}\n"), nil)
+	if err == nil || !strings.Contains(err.Error(), "did you mean 'strict'?") || !strings.Contains(err.Error(), "Caddyfile:3") {
+		t.Errorf("global option strikt: %v, want did you mean 'strict'", err)
+	}
+}
+
+// TestCaddyfileDurationWithoutAUnitShowsAnExample: ttl 30 (seconds
+// meant, Go's durations need a unit) is an error at its line that shows
+// 30s, for every duration option.
+func TestCaddyfileDurationWithoutAUnitShowsAnExample(t *testing.T) {
+	for _, tc := range []struct {
+		body []string
+		line int
+		want string
+	}{
+		{[]string{"ttl 30"}, 3, "ttl: invalid duration '30': a duration needs a unit, such as 30s"},
+		{[]string{"lock_timeout 10"}, 3, "lock_timeout: invalid duration '10': a duration needs a unit, such as 10s"},
+		{[]string{"wait_timeout 2.5"}, 3, "such as 2.5s"},
+		{[]string{"in_flight wait 5"}, 3, "in_flight wait: invalid duration '5': a duration needs a unit, such as 5s"},
+		{[]string{"storage redis {", "\ttimeout 2", "}"}, 4, "timeout: invalid duration '2': a duration needs a unit, such as 2s"},
+		{[]string{"storage postgres {", "\tdsn x", "\tcleanup_interval 300", "}"}, 5, "such as 300s"},
+		{[]string{"storage redis {", "\treplay_cache 1000 60", "}"}, 4, "replay_cache ttl: invalid duration '60': a duration needs a unit, such as 60s"},
+		{[]string{"ttl soon"}, 3, "such as 30s, 5m, 24h or 2d"},
+	} {
+		_, err := parse(block(tc.body...))
+		wantParseError(t, err, tc.line, tc.want)
 	}
 }

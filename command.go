@@ -1,8 +1,11 @@
 package idempotency
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -87,7 +90,45 @@ func keyFromFlags(cmd *cobra.Command) (storage.Key, error) {
 	if err != nil {
 		return storage.Key{}, flagWords(err)
 	}
+	for _, w := range hostWithPort(template, scope) {
+		fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w)
+	}
 	return key, nil
+}
+
+// hostWithPort warns of the values of scope that the template (the
+// default one when "") puts in {http.request.host} and that look like
+// host:port: that placeholder is the host without its port, so such a
+// scope is no client's, and its hashes find no record.
+func hostWithPort(template string, values []string) []string {
+	if template == "" {
+		template = defaultScope
+	}
+	t, err := newScopeTemplate(template)
+	if err != nil {
+		return nil
+	}
+	if template == defaultScope && len(values) == 1 {
+		if host, auth, ok := strings.Cut(values[0], " "); ok {
+			values = []string{host, auth}
+		}
+	}
+	if len(values) != len(t.keys) {
+		return nil
+	}
+	var warnings []string
+	for i, k := range t.keys {
+		if k != "http.request.host" && k != "host" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(values[i])
+		if err != nil || port == "" || strings.Trim(port, "0123456789") != "" {
+			continue
+		}
+		warnings = append(warnings, fmt.Sprintf("--scope %q looks like host:port, but {%s} is the host without its port "+
+			"(%q for a request to %s): these hashes match no request", values[i], k, host, values[i]))
+	}
+	return warnings
 }
 
 // flagWords puts the admin API's parameter names of err in the command's
@@ -113,7 +154,11 @@ func schemaCommand() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			for _, s := range statements {
-				fmt.Fprintf(out, "%s;\n\n", strings.TrimSpace(s))
+				s = strings.TrimSpace(s)
+				if isUpgrade(s) {
+					fmt.Fprintln(out, "-- Upgrade: adds a column that tables made by earlier versions lack (nothing to do on a table the statements above made).")
+				}
+				fmt.Fprintf(out, "%s;\n\n", s)
 			}
 			if role != "" {
 				grant, err := postgres.Grant(table, role)
@@ -130,6 +175,13 @@ func schemaCommand() *cobra.Command {
 	return cmd
 }
 
+// isUpgrade reports whether a statement of the schema is there for
+// tables made by an earlier version (ALTER TABLE ... ADD COLUMN IF NOT
+// EXISTS), rather than to make the table.
+func isUpgrade(statement string) bool {
+	return strings.HasPrefix(statement, "ALTER TABLE ") && strings.Contains(statement, " ADD COLUMN IF NOT EXISTS ")
+}
+
 // recordCommand is get or delete: one request to the admin API's
 // /idempotency/keys endpoint of a running Caddy.
 func recordCommand(verb string) *cobra.Command {
@@ -138,7 +190,7 @@ func recordCommand(verb string) *cobra.Command {
 		method, short = http.MethodDelete, "Deletes the record of a key through a running Caddy's admin API, so that its next request runs"
 	}
 	cmd := &cobra.Command{
-		Use:   verb + " (--key-hash <hex> | --key <key> (--scope <value>... | --scope-hash <hex>)) [--store <id>] [--address <admin>]",
+		Use:   verb + " (--key-hash <hex> | --key <key> (--scope <value>... | --scope-hash <hex>)) [--store <id>] [--address <admin> | --config <file>]",
 		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -149,23 +201,12 @@ func recordCommand(verb string) *cobra.Command {
 			if body, _ := cmd.Flags().GetBool("body"); body && verb == "get" {
 				q.Set("body", "true")
 			}
-			address, _ := cmd.Flags().GetString("address")
-			address, err = caddycmd.DetermineAdminAPIAddress(address, nil, "", "")
-			if err != nil {
-				return err
-			}
-			resp, err := caddycmd.AdminAPIRequest(address, method, "/idempotency/keys?"+q.Encode(), nil, nil)
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			_, err = io.Copy(cmd.OutOrStdout(), resp.Body)
-			return err
+			return callAdminAPI(cmd, method, "/idempotency/keys?"+q.Encode())
 		},
 	}
 	keyFlags(cmd, true)
 	cmd.Flags().String("store", "", "the store's id, as GET /idempotency/stores lists it (default: every store)")
-	cmd.Flags().String("address", "", "the admin API's address (default: Caddy's, localhost:2019)")
+	adminFlags(cmd)
 	if verb == "get" {
 		cmd.Flags().Bool("body", false, "include the recorded body (base64)")
 	}
@@ -202,7 +243,7 @@ func recordQuery(cmd *cobra.Command) (url.Values, error) {
 
 func listCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "list [--store <id>] [--after <key_hash>] [--limit <n>] [--address <admin>]",
+		Use:   "list [--store <id>] [--after <key_hash>] [--limit <n>] [--address <admin> | --config <file>]",
 		Short: "Lists the records in flight, per store, a page at a time, from a running Caddy's admin API",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -213,23 +254,54 @@ func listCommand() *cobra.Command {
 					q.Set(param, v)
 				}
 			}
-			address, _ := f.GetString("address")
-			address, err := caddycmd.DetermineAdminAPIAddress(address, nil, "", "")
-			if err != nil {
-				return err
-			}
-			resp, err := caddycmd.AdminAPIRequest(address, http.MethodGet, "/idempotency/in_flight?"+q.Encode(), nil, nil)
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			_, err = io.Copy(cmd.OutOrStdout(), resp.Body)
-			return err
+			return callAdminAPI(cmd, http.MethodGet, "/idempotency/in_flight?"+q.Encode())
 		},
 	}
 	cmd.Flags().String("store", "", "the store's id (default: every store, a first page each)")
 	cmd.Flags().String("after", "", "the next member of the previous page (needs --store)")
 	cmd.Flags().String("limit", "", "the most records per store (default 100, at most 1000)")
-	cmd.Flags().String("address", "", "the admin API's address (default: Caddy's, localhost:2019)")
+	adminFlags(cmd)
 	return cmd
+}
+
+// adminFlags adds the flags that find the admin API of a running Caddy,
+// as caddy reload and caddy stop have them.
+func adminFlags(cmd *cobra.Command) {
+	cmd.Flags().String("address", "", "the admin API's address (default: the one --config gives, else Caddy's, localhost:2019)")
+	cmd.Flags().StringP("config", "c", "", "the running Caddy's config file, to take the admin API's address from (as caddy reload does)")
+	cmd.Flags().StringP("adapter", "a", "", "the adapter of --config (default: caddyfile for a file named Caddyfile*, else JSON)")
+}
+
+// callAdminAPI sends method to path of the admin API that the flags name,
+// and prints its JSON answer indented. An error status is the admin
+// API's error.
+func callAdminAPI(cmd *cobra.Command, method, path string) error {
+	f := cmd.Flags()
+	address, _ := f.GetString("address")
+	config, _ := f.GetString("config")
+	adapter, _ := f.GetString("adapter")
+	// As caddy reload and caddy stop: --address, else the admin address
+	// of --config (adapted), else Caddy's default.
+	address, err := caddycmd.DetermineAdminAPIAddress(address, nil, config, adapter)
+	if err != nil {
+		return fmt.Errorf("couldn't determine the admin API's address: %v", err)
+	}
+	resp, err := caddycmd.AdminAPIRequest(address, method, path, nil, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	var indented bytes.Buffer
+	if json.Indent(&indented, bytes.TrimSpace(body), "", "  ") != nil {
+		_, err = out.Write(body) // not JSON: as it came
+		return err
+	}
+	indented.WriteByte('\n')
+	_, err = indented.WriteTo(out)
+	return err
 }

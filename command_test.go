@@ -137,3 +137,67 @@ func TestRecordCommandsRefuseKeyHashWithAScope(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemaCommandMarksItsUpgradeStatements: the statements that bring
+// a table of an earlier version up to date (ALTER TABLE ... ADD COLUMN IF
+// NOT EXISTS) come with a comment that says so; those that make the table
+// do not.
+func TestSchemaCommandMarksItsUpgradeStatements(t *testing.T) {
+	out, err := runCommand(t, schemaCommand())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out, "\n")
+	upgrades := 0
+	for i, line := range lines {
+		marked := i > 0 && strings.HasPrefix(lines[i-1], "-- Upgrade:")
+		switch {
+		case strings.Contains(line, "ADD COLUMN IF NOT EXISTS"):
+			upgrades++
+			if !marked {
+				t.Errorf("upgrade statement %q without its comment in:\n%s", line, out)
+			}
+		case strings.HasPrefix(line, "CREATE ") && marked:
+			t.Errorf("%q marked as an upgrade", line)
+		}
+	}
+	if upgrades == 0 {
+		t.Fatalf("no upgrade statement in:\n%s", out)
+	}
+}
+
+// TestHashCommandWarnsOfAHostWithAPort: {http.request.host}, the first
+// value of the default template, is the host without its port, so a
+// --scope of localhost:8080 there names no client: hash says so (on
+// stderr, the hashes still printed), and says nothing of a host without
+// port, nor of a value with a colon that another placeholder takes.
+func TestHashCommandWarnsOfAHostWithAPort(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--scope", "localhost:8080", "--scope", ""}, true},
+		{[]string{"--scope", "[::1]:8443", "--scope", "Bearer a"}, true},
+		{[]string{"--scope", "api.example.com:443 Bearer a"}, true}, // host and Authorization in one
+		{[]string{"--scope", "localhost", "--scope", ""}, false},
+		{[]string{"--scope", "localhost", "--scope", "Basic YTpi:c"}, false},
+		{[]string{"--scope-template", "{http.request.header.X-Tenant} {http.request.host}", "--scope", "a:1", "--scope", "example.com:80"}, true},
+		{[]string{"--scope-template", "{http.request.header.X-Tenant}", "--scope", "acme:1"}, false},
+	} {
+		var stdout, stderr bytes.Buffer
+		cmd := hashCommand()
+		cmd.SetOut(&stdout)
+		cmd.SetErr(&stderr)
+		cmd.SetArgs(append([]string{"--key", "k"}, tc.args...))
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("hash %q: %v", tc.args, err)
+		}
+		if !strings.Contains(stdout.String(), "key_hash ") {
+			t.Errorf("hash %q printed %q, want the hashes", tc.args, stdout.String())
+		}
+		warned := strings.Contains(stderr.String(), "looks like host:port")
+		if warned != tc.warn {
+			t.Errorf("hash %q: stderr %q; want a host:port warning: %v", tc.args, stderr.String(), tc.warn)
+		}
+	}
+}

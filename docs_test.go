@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -569,12 +570,34 @@ func TestDocExampleCaddyfilesAreFormattedAndAdapt(t *testing.T) {
 		if !bytes.Equal(caddyfile.Format(text), text) {
 			t.Errorf("%s: caddy fmt changes it", file)
 		}
-		_, warnings, err := adapter.Adapt(text, map[string]any{"filename": file})
+		js, warnings, err := adapter.Adapt(text, map[string]any{"filename": file})
 		if err != nil {
 			t.Errorf("%s: adapting: %v", file, err)
 		}
 		for _, w := range warnings {
 			t.Errorf("%s:%d: adapt warning: %s", file, w.Line, w.Message)
+		}
+		// A demo listens on this machine only: every server binds a
+		// loopback address.
+		var cfg struct {
+			Apps struct {
+				HTTP struct {
+					Servers map[string]struct {
+						Listen []string `json:"listen"`
+					} `json:"servers"`
+				} `json:"http"`
+			} `json:"apps"`
+		}
+		if err := json.Unmarshal(js, &cfg); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		for name, srv := range cfg.Apps.HTTP.Servers {
+			for _, l := range srv.Listen {
+				addr, err := caddy.ParseNetworkAddress(l)
+				if ip := net.ParseIP(addr.Host); err != nil || ip == nil || !ip.IsLoopback() {
+					t.Errorf("%s: server %s listens on %q, want a loopback address (bind 127.0.0.1)", file, name, l)
+				}
+			}
 		}
 	}
 }

@@ -33,6 +33,9 @@ type globalOptions struct {
 	Strict     bool
 }
 
+// globalOptionNames are the options of the global block.
+var globalOptionNames = []string{"storage", "strict"}
+
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	if existing != nil {
 		return nil, d.Err("the idempotency global option is already specified")
@@ -52,7 +55,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 			opts.Strict = true
 			return cfargs.NoArgs(d)
 		}
-		return d.Errf("unrecognized idempotency global option '%s' (only storage and strict can be set globally)", opt)
+		return d.Errf("unrecognized idempotency global option '%s'%s; only storage and strict can be set globally", opt, cfargs.DidYouMean(opt, globalOptionNames))
 	}, nil)
 	return opts, err
 }

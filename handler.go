@@ -121,7 +121,12 @@ func (x *exchange) enforce(a answer) error {
 		if a.err != nil {
 			fields = append(fields, zap.String("backend", h.backendName), zap.Error(a.err))
 		}
-		h.logger.Log(a.level, a.msg, fields...)
+		if a.outcome == outcomeStoreError {
+			// At most a line a second per store, with a count (storelog.go).
+			storeErrors.log(h.keeper.store, h.logger, a.level, a.msg, fields)
+		} else {
+			h.logger.Log(a.level, a.msg, fields...)
+		}
 	}
 	switch a.act {
 	case actRun:

@@ -55,7 +55,8 @@ func newKeeper(store storage.Store, backend string) *keeper {
 // retried in the background while hold keeps the store open.
 func (k *keeper) forHandler(lockTimeout, ttl time.Duration, logger *zap.Logger, hold func() (func(), bool)) *keeper {
 	k.lockTimeout, k.ttl, k.logger = lockTimeout, ttl, logger
-	k.aftercare = &aftercare{store: k, hold: hold, logger: logger, backlog: metrics.aftercare.WithLabelValues(k.backend)}
+	k.aftercare = &aftercare{store: k, hold: hold, logger: logger,
+		backlog: metrics.aftercare.WithLabelValues(k.backend), abandons: metrics.abandons.WithLabelValues(k.backend)}
 	return k
 }
 

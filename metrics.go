@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
 )
 
 // storeOps lists every value of the op label.
@@ -25,6 +27,7 @@ var metrics struct {
 	storeDuration *prometheus.HistogramVec
 	inFlight      *prometheus.GaugeVec
 	aftercare     *prometheus.GaugeVec
+	abandons      *prometheus.GaugeVec
 	failOpen      *prometheus.CounterVec
 	servers       sync.Map // server name -> *serverMetrics
 }
@@ -97,7 +100,11 @@ func initMetrics() {
 		}, []string{"server"})
 		metrics.aftercare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "aftercare_backlog",
-			Help: "Store writes (completions, releases) that failed and are retried in the background, by backend.",
+			Help: "Store writes that settle the records of requests that ran (completions, releases), failed, and are retried in the background, each holding its key in flight until it lands, by backend.",
+		}, []string{"backend"})
+		metrics.abandons = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "abandoned_reservations",
+			Help: "Reservations whose outcome is unknown (their requests were answered 503), to be released in the background once the store answers, by backend.",
 		}, []string{"backend"})
 	})
 }
@@ -108,7 +115,11 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare, metrics.failOpen} {
+	collectors := []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare, metrics.abandons, metrics.failOpen}
+	// The storage backends' (records_removed_total), which the handler
+	// registers for them: a backend has no registry of its own.
+	collectors = append(collectors, backend.Collectors()...)
+	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			if are := (prometheus.AlreadyRegisteredError{}); !errors.As(err, &are) {
 				return err

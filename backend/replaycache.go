@@ -8,6 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 )
@@ -94,9 +95,9 @@ func ParseReplayCache(d *caddyfile.Dispenser) (*ReplayCache, error) {
 	}
 	rc.MaxEntries = n
 	if len(args) == 2 {
-		ttl, err := caddy.ParseDuration(args[1])
+		ttl, err := cfargs.ParseDuration("replay_cache ttl", args[1])
 		if err != nil {
-			return nil, d.Errf("replay_cache: invalid ttl '%s': %v", args[1], err)
+			return nil, d.Err(err.Error())
 		}
 		rc.TTL = caddy.Duration(ttl)
 	}

@@ -27,7 +27,7 @@ func deadPort(t *testing.T) string {
 // cannot reach at once, without failing or waiting.
 func TestStartUpNamesTheStoresAndWarnsOfAnUnreachableOne(t *testing.T) {
 	for _, tc := range []struct{ name, storage, address string }{
-		{"redis", "storage redis {\n\turl redis://user:hunter2@%s/0\n}", "redis://%s/0"},
+		{"redis", "storage redis {\n\turl redis://user:hunter2@%s/0\n}", "redis://%s/0 key_prefix idempotency:"},
 		{"postgres", "storage postgres {\n\tdsn \"postgres://postgres:hunter2@%s/test?sslmode=disable\"\n}", "postgres://postgres@%s/test"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -241,4 +243,119 @@ http://127.0.0.1:%d {
 		t.Fatalf("new and replayed grew by %v, %v on %s and by %v, %v on %s; want 1, 0 on one server and 1, 1 on the other",
 			grew(one, "new"), grew(one, "replayed"), one, grew(two, "new"), grew(two, "replayed"), two)
 	}
+}
+
+// TestMetricsCountRecordsTheStoreRemoves: refusal records that give way
+// in a full memory store are counted in
+// caddy_http_idempotency_records_removed_total{backend="memory",reason="evicted"},
+// served on Caddy's /metrics (the handler registers the backends'
+// collectors); the expired series exists from the start.
+func TestMetricsCountRecordsTheStoreRemoves(t *testing.T) {
+	adminPort := freePort(t)
+	base := loadCaddyfileGlobals(t, freePort(t), fmt.Sprintf("admin 127.0.0.1:%d\n\tmetrics", adminPort), `
+	idempotency {
+		storage memory {
+			max_keys 10
+			max_keys_per_scope 10
+		}
+	}
+	respond /refused 404
+	respond 201`)
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", adminPort)
+	evicted := `caddy_http_idempotency_records_removed_total{backend="memory",reason="evicted"}`
+	expired := `caddy_http_idempotency_records_removed_total{backend="memory",reason="expired"}`
+	before := scrape(t, metricsURL)
+	if _, ok := before[expired]; !ok {
+		t.Fatalf("series %s missing", expired)
+	}
+	for i := range 10 { // fill the store with recorded 404s
+		if resp, _ := post(t, base+"/refused", fmt.Sprint("refused-", i), `{}`); resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("refused-%d: %d", i, resp.StatusCode)
+		}
+	}
+	for i := range 3 { // each new key evicts one
+		if resp, _ := post(t, base+"/orders", fmt.Sprint("new-", i), `{}`); resp.StatusCode != http.StatusCreated {
+			t.Fatalf("new-%d: %d, want 201", i, resp.StatusCode)
+		}
+	}
+	after := scrape(t, metricsURL)
+	if got := after[evicted] - before[evicted]; got != 3 {
+		t.Fatalf("%s grew by %v, want 3", evicted, got)
+	}
+}
+
+// TestStoreOutageLogsAboutOneLineASecond runs Caddy on a Redis nothing
+// listens on, sends requests without pause for 2.5 s, and reads Caddy's
+// log: every request got its 503, and the handler wrote about one line a
+// second (not one per request), whose requests fields add up to the 503s.
+func TestStoreOutageLogsAboutOneLineASecond(t *testing.T) {
+	port, redisPort := freePort(t), freePort(t)
+	logFile := t.TempDir() + "/caddy.log"
+	cfg := fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	http_port %d
+	log {
+		output file %s
+		include http.handlers.idempotency
+		level WARN
+	}
+}
+
+http://127.0.0.1:%d {
+	idempotency {
+		storage redis redis://127.0.0.1:%d/0
+	}
+	respond 201
+}
+`, port, logFile, port, redisPort)
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(js, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+
+	var refused atomic.Int64
+	stop := time.Now().Add(2500 * time.Millisecond)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop); i++ {
+				resp, _, err := tryPost(base+"/orders", fmt.Sprint("outage-", i), `{}`)
+				if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+					t.Errorf("during the outage: %v %v, want 503", resp, err)
+					return
+				}
+				refused.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	const msg = "idempotency store unavailable; rejecting the request (fail_closed)"
+	var lines int
+	var counted int64
+	testutil.Eventually(t, 5*time.Second, "every 503 to be counted in the log", func() bool {
+		data, _ := os.ReadFile(logFile)
+		lines, counted = 0, 0
+		for line := range strings.SplitSeq(strings.TrimSpace(string(data)), "\n") {
+			var entry struct {
+				Msg      string `json:"msg"`
+				Requests int64  `json:"requests"`
+			}
+			if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == msg {
+				lines++
+				counted += entry.Requests
+			}
+		}
+		return counted == refused.Load()
+	})
+	if lines < 3 || lines > 5 || refused.Load() < 4*int64(lines) {
+		t.Fatalf("%d requests refused in 2.5 s logged %d lines, want about one a second (3 to 5)", refused.Load(), lines)
+	}
+	t.Logf("%d requests refused, %d log lines", refused.Load(), lines)
 }

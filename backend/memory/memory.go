@@ -65,7 +65,24 @@ func (m *Storage) Provision(ctx caddy.Context) error {
 	}
 	where := fmt.Sprintf("this process (max_keys %d, max_bytes %s, max_keys_per_scope %d)",
 		opts.MaxKeys, humanize.IBytes(uint64(opts.MaxBytes)), opts.MaxKeysPerScope)
-	return m.Acquire(ctx.Logger(), "memory", opts, where, func() (storage.Store, error) { return memstore.New(opts), nil })
+	// Both series exist, at zero, once a store is configured.
+	backend.CountRemoved("memory", backend.RemovedExpired, 0)
+	backend.CountRemoved("memory", backend.RemovedEvicted, 0)
+	return m.Acquire(ctx.Logger(), "memory", opts, where, func() (storage.Store, error) {
+		opts.OnRemove = countRemoved
+		return memstore.New(opts), nil
+	})
+}
+
+// countRemoved counts what a memory store removes on its own in
+// caddy_http_idempotency_records_removed_total: expired records its
+// janitor and sweeps delete, refusal records evicted to make room.
+func countRemoved(expired bool, n int64) {
+	reason := backend.RemovedEvicted
+	if expired {
+		reason = backend.RemovedExpired
+	}
+	backend.CountRemoved("memory", reason, n)
 }
 
 // Validate reports configuration errors: none once provisioned (Provision
@@ -118,9 +135,12 @@ func (m *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_bytes":
 			return cfargs.SizeArg(d, &m.MaxBytes)
 		}
-		return d.Errf("unrecognized memory storage option '%s'", opt)
+		return cfargs.Unknown(d, "memory storage", opt, options)
 	}, func() error { _, err := m.compile(); return err })
 }
+
+// options are the options of the storage memory block.
+var options = []string{"max_keys", "max_keys_per_scope", "max_bytes"}
 
 // Interface guards
 var (

@@ -151,6 +151,7 @@ func (p *Storage) Provision(ctx caddy.Context) error {
 	}
 	cc := poolCfg.ConnConfig
 	where := fmt.Sprintf("postgres://%s@%s/%s table %s (max_conns %d)", cc.User, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cc.Database, cfg.Table, poolCfg.MaxConns)
+	backend.CountRemoved("postgres", backend.RemovedExpired, 0) // the series exists, at zero, once a store is configured
 	return p.Acquire(ctx.Logger(), "postgres", cfg, where, func() (storage.Store, error) {
 		// No connection is made here: pgxpool connects on first use.
 		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
@@ -219,11 +220,14 @@ func (p *Storage) compile() (postgresConfig, error) {
 	}, nil
 }
 
-// logCleanup reports the periodic cleanups of a pool. The pool outlives
-// the config that made it, so it logs through Caddy's default logger
-// rather than that config's.
+// logCleanup reports the periodic cleanups of a pool, and counts the rows
+// they deleted in caddy_http_idempotency_records_removed_total. The pool
+// outlives the config that made it, so it logs through Caddy's default
+// logger rather than that config's.
 func logCleanup(table string) func(int64, error) {
 	return func(deleted int64, err error) {
+		// A run that failed half-way deleted its first batches all the same.
+		backend.CountRemoved("postgres", backend.RemovedExpired, deleted)
 		log := caddy.Log().Named("http.idempotency.storage.postgres")
 		switch {
 		case errors.Is(err, pgstore.ErrCleanupLocked):
@@ -271,9 +275,12 @@ func (p *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.ReplayCache, err = backend.ParseReplayCache(d)
 			return err
 		}
-		return d.Errf("unrecognized postgres storage option '%s'", opt)
+		return cfargs.Unknown(d, "postgres storage", opt, options)
 	}, func() error { _, err := p.compile(); return err })
 }
+
+// options are the options of the storage postgres block.
+var options = []string{"dsn", "table", "create_table", "cleanup_interval", "max_conns", "timeout", "replay_cache"}
 
 // Interface guards
 var (

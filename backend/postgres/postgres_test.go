@@ -2,10 +2,12 @@ package postgres
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
@@ -154,5 +156,20 @@ func TestPostgresValidateAndCompileErrors(t *testing.T) {
 	defer p.Cleanup()
 	if err := p.Validate(); err != nil {
 		t.Errorf("Validate of a provisioned store: %v", err)
+	}
+}
+
+// TestCleanupCountsTheRowsItDeleted: the rows a periodic cleanup deleted
+// are counted in caddy_http_idempotency_records_removed_total
+// {backend="postgres",reason="expired"}, those of a run that failed
+// half-way too; a run another instance did (locked) counts nothing.
+func TestCleanupCountsTheRowsItDeleted(t *testing.T) {
+	before := backendtest.RemovedTotal(t, "postgres", backend.RemovedExpired)
+	report := logCleanup("idempotency_keys")
+	report(1500, nil)
+	report(200, errors.New("connection reset"))
+	report(0, pgstore.ErrCleanupLocked)
+	if got := backendtest.RemovedTotal(t, "postgres", backend.RemovedExpired) - before; got != 1700 {
+		t.Fatalf("records_removed_total{backend=postgres,reason=expired} grew by %v, want 1700", got)
 	}
 }

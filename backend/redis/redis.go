@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -160,7 +161,7 @@ func (r *Storage) Provision(ctx caddy.Context) error {
 	if cfg, err = cfg.resolve(); err != nil {
 		return err
 	}
-	return r.Acquire(ctx.Logger(), "redis", cfg, cfg.Client.Where(), func() (storage.Store, error) {
+	return r.Acquire(ctx.Logger(), "redis", cfg, cfg.where(), func() (storage.Store, error) {
 		client, err := redisstore.NewClient(cfg.Client)
 		if err != nil {
 			return nil, err
@@ -247,6 +248,17 @@ func (r *Storage) compile() (redisConfig, error) {
 		cfg.Client.URL = redisstore.DefaultURL
 	}
 	return cfg, nil
+}
+
+// where is the store's address as the start-up log lines show it: the
+// server, without credentials, and the key prefix, which tells two stores
+// on one server apart.
+func (cfg redisConfig) where() string {
+	prefix := cfg.KeyPrefix
+	if prefix == "" || strings.ContainsAny(prefix, " \t\"") {
+		prefix = strconv.Quote(prefix)
+	}
+	return cfg.Client.Where() + " key_prefix " + prefix
 }
 
 // resolve returns cfg with its placeholders resolved, checked again.
@@ -339,8 +351,15 @@ func (r *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "tls_server_name":
 			return cfargs.StringArg(d, &r.TLSServerName)
 		}
-		return d.Errf("unrecognized redis storage option '%s'", opt)
+		return cfargs.Unknown(d, "redis storage", opt, options)
 	}, func() error { _, err := r.compile(); return err })
+}
+
+// options are the options of the storage redis block.
+var options = []string{
+	"url", "addresses", "master_name", "sentinel_username", "sentinel_password", "username", "password",
+	"key_prefix", "pool_size", "dial_timeout", "timeout", "replay_cache",
+	"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name",
 }
 
 // Interface guards

@@ -366,3 +366,25 @@ func TestRedisValidateAndCompileErrors(t *testing.T) {
 		t.Errorf("Validate of a provisioned store: %v", err)
 	}
 }
+
+// TestRedisStartUpLineShowsTheKeyPrefix: the address of the start-up
+// line ("idempotency store opened") names the key prefix beside the
+// server, the default one too, and never the password.
+func TestRedisStartUpLineShowsTheKeyPrefix(t *testing.T) {
+	for _, tc := range []struct {
+		storage Storage
+		want    string
+	}{
+		{Storage{}, `redis://127.0.0.1:6379/0 key_prefix idempotency:`},
+		{Storage{URL: "redis://u:hunter2@cache:6380/2", KeyPrefix: "shop:idem:"}, `redis://cache:6380/2 key_prefix shop:idem:`},
+		{Storage{Addresses: []string{"n1:7000", "n2:7000"}, KeyPrefix: "a b"}, `redis://n1:7000,n2:7000 (Cluster) key_prefix "a b"`},
+	} {
+		cfg, err := tc.storage.compile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.where(); got != tc.want {
+			t.Errorf("where = %q, want %q", got, tc.want)
+		}
+	}
+}

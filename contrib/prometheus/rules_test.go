@@ -1,26 +1,34 @@
 package prometheus_test
 
 import (
-	"os"
+	"errors"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/promtool"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
 // TestRulesPassPromtool checks the rules and runs their unit tests with
-// promtool: Debian's, from PATH, or else taken out of Debian's prometheus
-// package into the test's own directory (downloaded, never installed: no
-// server is set up, nothing of the system's changes).
+// promtool: the one IDEMPOTENCY_PROMTOOL names (make test fetches it
+// first, saying how: internal/cmd/getpromtool), the one on PATH, or else
+// Debian's, taken out of its prometheus package into the test's own
+// directory (downloaded, never installed: no server is set up, nothing of
+// the system's changes but, as root, its package lists).
 func TestRulesPassPromtool(t *testing.T) {
-	promtool := findPromtool(t)
+	p, err := promtool.Find(t.TempDir(), t.Logf)
+	if errors.Is(err, promtool.ErrUnavailable) {
+		testutil.Unavailable(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
 		{"check", "rules", "idempotency.rules.yml"},
 		{"test", "rules", "idempotency.rules.test.yml"},
 	} {
-		out, err := exec.Command(promtool, args...).CombinedOutput()
+		out, err := exec.Command(p, args...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
@@ -28,49 +36,4 @@ func TestRulesPassPromtool(t *testing.T) {
 			t.Fatalf("promtool %s said no SUCCESS:\n%s", strings.Join(args, " "), out)
 		}
 	}
-}
-
-// findPromtool returns promtool from PATH, or from Debian's prometheus
-// package unpacked into a temporary directory.
-func findPromtool(t *testing.T) string {
-	t.Helper()
-	if p, err := exec.LookPath("promtool"); err == nil {
-		return p
-	}
-	for _, tool := range []string{"apt-get", "dpkg-deb"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			testutil.Unavailable(t, "promtool is not on PATH, and there is no %s to take it from Debian's prometheus package", tool)
-		}
-	}
-	dir := t.TempDir()
-	download := func() ([]byte, error) {
-		cmd := exec.Command("apt-get", "download", "-qq", "prometheus")
-		cmd.Dir = dir
-		return cmd.CombinedOutput()
-	}
-	out, err := download()
-	if err != nil && os.Geteuid() == 0 {
-		// Package lists missing (a fresh container): fetch them, as the
-		// test servers' packages are (internal/servers).
-		if upd, uerr := exec.Command("apt-get", "update", "-qq").CombinedOutput(); uerr != nil {
-			testutil.Unavailable(t, "apt-get update: %v\n%s", uerr, upd)
-		}
-		out, err = download()
-	}
-	if err != nil {
-		testutil.Unavailable(t, "apt-get download prometheus (for promtool): %v\n%s", err, out)
-	}
-	debs, _ := filepath.Glob(filepath.Join(dir, "prometheus_*.deb"))
-	if len(debs) != 1 {
-		t.Fatalf("apt-get download prometheus left %v", debs)
-	}
-	root := filepath.Join(dir, "root")
-	if out, err := exec.Command("dpkg-deb", "-x", debs[0], root).CombinedOutput(); err != nil {
-		t.Fatalf("dpkg-deb -x %s: %v\n%s", debs[0], err, out)
-	}
-	p := filepath.Join(root, "usr", "bin", "promtool")
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("Debian's prometheus package holds no promtool: %v", err)
-	}
-	return p
 }

@@ -8,6 +8,9 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
 )
 
 // CaddyContext is a Caddy context for provisioning modules, cancelled
@@ -28,4 +31,36 @@ func FromJSON[T any](t *testing.T, config string) *T {
 		t.Fatalf("decoding %s: %v", config, err)
 	}
 	return m
+}
+
+// RemovedTotal is what a registry of backend.Collectors serves as
+// caddy_http_idempotency_records_removed_total{backend, reason}; 0 when
+// it serves no such series.
+func RemovedTotal(t testing.TB, backendName, reason string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	for _, c := range backend.Collectors() {
+		if err := reg.Register(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "caddy_http_idempotency_records_removed_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["backend"] == backendName && labels["reason"] == reason {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

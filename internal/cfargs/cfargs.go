@@ -154,7 +154,7 @@ func OneOfArgs(d *caddyfile.Dispenser, dst *string, allowed ...string) error {
 			return nil
 		}
 	}
-	return d.Errf("%s must be one of %s, got '%s'", opt, strings.Join(allowed, ", "), *dst)
+	return d.Errf("%s must be one of %s, got '%s'%s", opt, strings.Join(allowed, ", "), *dst, DidYouMean(*dst, allowed))
 }
 
 // BoolArg reads exactly one argument, true or false.
@@ -175,9 +175,9 @@ func DurationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	if err := StringArg(d, &s); err != nil {
 		return err
 	}
-	dur, err := caddy.ParseDuration(s)
+	dur, err := ParseDuration(opt, s)
 	if err != nil {
-		return d.Errf("%s: invalid duration '%s': %v", opt, s, err)
+		return d.Err(err.Error())
 	}
 	if dur <= 0 {
 		return d.Errf("%s must be positive, got '%s'", opt, s)

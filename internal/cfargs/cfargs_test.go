@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
@@ -162,5 +163,47 @@ func TestAnErrorInAnImportedSnippetKeepsItsImportChain(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "import chain") || !strings.Contains(err.Error(), "Testfile:2") {
 		t.Errorf("error %v: want it at Testfile:2 with its import chain", err)
+	}
+}
+
+func TestSuggest(t *testing.T) {
+	known := []string{"ttl", "lock_timeout", "methods", "header", "required", "in_flight", "wait_timeout", "max_key_length", "max_body_size"}
+	for word, want := range map[string]string{
+		"tll":            "ttl",          // a substitution
+		"tl":             "ttl",          // a deletion
+		"TTL":            "ttl",          // case
+		"lock_timout":    "lock_timeout", // a letter missing
+		"requierd":       "required",     // two letters swapped
+		"in-flight":      "in_flight",
+		"headers":        "header",
+		"max_key_lenght": "max_key_length",
+		"method":         "methods",
+		"colour":         "", // far from any
+		"x":              "", // too short to guess
+		"timeout":        "", // as near to nothing known
+		"max_size":       "", // two edits from none, more from both
+	} {
+		if got := Suggest(word, known); got != want {
+			t.Errorf("Suggest(%q) = %q, want %q", word, got, want)
+		}
+	}
+	// Two equally near: no guess.
+	if got := Suggest("ab", []string{"ac", "ad"}); got != "" {
+		t.Errorf("Suggest with a tie = %q, want none", got)
+	}
+}
+
+func TestParseDurationShowsAnExample(t *testing.T) {
+	for s, want := range map[string]string{
+		"30":   "ttl: invalid duration '30': a duration needs a unit, such as 30s",
+		"1.5":  "such as 1.5s",
+		"soon": "ttl: invalid duration 'soon': ",
+	} {
+		if _, err := ParseDuration("ttl", s); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseDuration(%q): %v, want %q", s, err, want)
+		}
+	}
+	if d, err := ParseDuration("ttl", "1d"); err != nil || d != 24*time.Hour {
+		t.Errorf("ParseDuration(1d) = %v, %v", d, err)
 	}
 }

@@ -40,21 +40,38 @@ func Find(redis, postgres bool, logf func(format string, args ...any)) (Binaries
 	if _, err := exec.LookPath("apt-get"); err != nil {
 		return b, fmt.Errorf("not found: %s, and there is no apt-get to install them with", what)
 	}
-	if logf != nil {
-		logf("not found: %s; installing the Debian package(s) %s with apt-get, as this runs as root (the run starts instances of its own; the packages' system services are left as they are)", what, pkgs)
+	if logf == nil {
+		logf = func(string, ...any) {}
 	}
-	for _, args := range [][]string{{"update", "-qq"}, append([]string{"install", "-y", "-qq", "--no-install-recommends"}, missing...)} {
-		cmd := exec.Command("apt-get", args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return b, fmt.Errorf("apt-get %s: %w", strings.Join(args, " "), err)
-		}
+	logf("not found: %s; installing the Debian package(s) %s with apt-get, as this runs as root (the run starts instances of its own; the packages' system services are left as they are)", what, pkgs)
+	if err := install(missing, logf, runAptGet); err != nil {
+		return b, err
 	}
 	if b, missing = Look(redis, postgres); len(missing) > 0 {
 		return b, fmt.Errorf("installed %s, but still not found: %s", pkgs, MissingPrograms(missing))
 	}
 	return b, nil
+}
+
+// install installs the Debian packages pkgs with run (apt-get), each
+// command named in the log before it runs.
+func install(pkgs []string, logf func(format string, args ...any), run func(args ...string) error) error {
+	for _, args := range [][]string{{"update", "-qq"}, append([]string{"install", "-y", "-qq", "--no-install-recommends"}, pkgs...)} {
+		logf("running: apt-get %s", strings.Join(args, " "))
+		if err := run(args...); err != nil {
+			return fmt.Errorf("apt-get %s: %w", strings.Join(args, " "), err)
+		}
+	}
+	return nil
+}
+
+// runAptGet runs apt-get with args, non-interactively, its output on
+// stderr.
+func runAptGet(args ...string) error {
+	cmd := exec.Command("apt-get", args...)
+	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	return cmd.Run()
 }
 
 // MissingPrograms names the programs of the Debian packages pkgs.

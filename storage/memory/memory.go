@@ -113,6 +113,12 @@ type Options struct {
 	// JanitorInterval is how often expired records are deleted
 	// (default 1 minute).
 	JanitorInterval time.Duration
+	// OnRemove, when set, is told of the records the store removed on
+	// its own: n expired records and lapsed leases a sweep deleted
+	// (expired true), or one refusal record evicted to make room
+	// (expired false). It is called holding no record's lock, and must
+	// be quick. Not part of the configuration (no JSON).
+	OnRemove func(expired bool, n int64) `json:"-"`
 }
 
 // Store is an in-process storage.Store and storage.Waiter. Create it with
@@ -142,6 +148,7 @@ type Store struct {
 	refusals       refusals
 	tracksRefusals bool
 	evicted        atomic.Int64 // refusal records evicted
+	onRemove       func(expired bool, n int64)
 
 	closeOnce   sync.Once
 	stop        chan struct{} // closed by Close
@@ -193,6 +200,7 @@ func newStore(opts Options, base time.Time, elapsed func() time.Duration) *Store
 		// The first full store may sweep at once.
 		lastSweep:      -int64(minSweepGap),
 		tracksRefusals: int64(opts.MaxKeys) <= maxRefusals,
+		onRemove:       opts.OnRemove,
 		stop:           make(chan struct{}),
 		janitorDone:    make(chan struct{}),
 	}

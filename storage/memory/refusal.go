@@ -218,6 +218,9 @@ func (s *Store) evictRefusal(scope scopeID, scoped bool) bool {
 			s.remove(sh, id, e)
 			sh.mu.Unlock()
 			s.evicted.Add(1)
+			if s.onRemove != nil {
+				s.onRemove(false, 1)
+			}
 			return true
 		}
 		sh.mu.Unlock()

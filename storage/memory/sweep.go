@@ -70,6 +70,7 @@ func (s *Store) sweep() {
 // sweepLocked does the work of sweep; the caller holds sweepMu. It takes one
 // shard lock at a time so that Reserve on other shards keeps going.
 func (s *Store) sweepLocked() {
+	var removed int64
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -89,8 +90,12 @@ func (s *Store) sweepLocked() {
 		sh.mu.Unlock()
 		s.count.Add(-n)
 		s.bytes.Add(-bytes)
+		removed += n
 	}
 	s.lastSweep = s.now()
+	if removed > 0 && s.onRemove != nil {
+		s.onRemove(true, removed)
+	}
 }
 
 // janitor sweeps every interval until Close.
