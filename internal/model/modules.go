@@ -31,10 +31,25 @@ const deliberatePanic = "model: deliberate panic"
 // outermost handler has returned, the idempotency handlers inside it have
 // completed or released their records.
 var tracker = struct {
-	mu   sync.Mutex
-	done map[string]chan struct{}
-	at   map[string]time.Time
-}{done: make(map[string]chan struct{}), at: make(map[string]time.Time)}
+	mu      sync.Mutex
+	done    map[string]chan struct{}
+	at      map[string]time.Time
+	started map[string]bool
+}{done: make(map[string]chan struct{}), at: make(map[string]time.Time), started: make(map[string]bool)}
+
+// markStarted says that Caddy's handlers got attempt id.
+func markStarted(id string) {
+	tracker.mu.Lock()
+	defer tracker.mu.Unlock()
+	tracker.started[id] = true
+}
+
+// started reports whether Caddy's handlers ever got attempt id.
+func started(id string) bool {
+	tracker.mu.Lock()
+	defer tracker.mu.Unlock()
+	return tracker.started[id]
+}
 
 func trackerChan(id string) chan struct{} {
 	tracker.mu.Lock()
@@ -83,6 +98,11 @@ func forgetTracked(prefix string) {
 			delete(tracker.at, id)
 		}
 	}
+	for id := range tracker.started {
+		if strings.HasPrefix(id, prefix) {
+			delete(tracker.started, id)
+		}
+	}
 }
 
 // clockForModules is the model's clock, shared with the modules.
@@ -97,6 +117,7 @@ func (trackHandler) CaddyModule() caddy.ModuleInfo {
 
 func (trackHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	id := r.Header.Get(HeaderReq)
+	markStarted(id)
 	defer func() { markDone(id, clockForModules()) }() // on a panic too
 	return next.ServeHTTP(w, r)
 }

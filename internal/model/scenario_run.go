@@ -294,6 +294,7 @@ func (x *trialRun) runClients(st Step) {
 			outs[i] = &outcome{a: a, res: x.send(a)}
 		}()
 	}
+	var probes []*outcome
 	if st.Scenario == scStall {
 		// While the clients stall, retries of their keys from other
 		// connections meet them in flight until they count as gone; then
@@ -305,15 +306,16 @@ func (x *trialRun) runClients(st Step) {
 			go func() {
 				defer pwg.Done()
 				x.anchor(a)
-				probes := x.probeStalled(a, stallTimeout+stallTimeout/10+time.Second)
+				p := x.probeStalled(a, stallTimeout+stallTimeout/10+time.Second)
 				mu.Lock()
-				outs = append(outs, probes...)
+				probes = append(probes, p...)
 				mu.Unlock()
 			}()
 		}
 		pwg.Wait()
 	}
 	wg.Wait()
+	outs = append(outs, probes...)
 	x.settle(outs)
 	x.judgeClients(st, outs)
 }

@@ -382,10 +382,14 @@ func (x *trialRun) settle(outs []*outcome) {
 	deadline := time.Now().Add(time.Minute)
 	for _, o := range outs {
 		o.d = decide(x.cfg, o.a)
+		var ok bool
 		if o.d.kind == "nethttp" {
 			o.done = o.res.Done // never reaches Caddy's handlers
-		} else {
-			o.done, _ = waitDone(o.a.ID, max(time.Until(deadline), time.Millisecond))
+		} else if o.done, ok = waitDone(o.a.ID, max(time.Until(deadline), time.Millisecond)); !ok && o.a.Mode == HangUp && !started(o.a.ID) {
+			// A client that hung up at once may be gone before Caddy
+			// read its request (on a loaded machine, before it was even
+			// accepted): Caddy never had it.
+			o.done = o.res.Done
 		}
 		o.exec = x.env.Up.Settled(o.a.ID, 10*time.Second)
 	}
