@@ -2,7 +2,7 @@
 // tree and runs the tiers of tests against it, to say which tier catches
 // which bug, and how fast:
 //
-//	go run ./internal/cmd/mutants [-only name,...] [-tiers model,regressions,packages,e2e,soak] [-runs N] [-write docs/guarantees.md]
+//	go run ./internal/cmd/mutants [-only name,...] [-tiers model,regressions,packages,e2e,soak] [-runs N] [-first] [-write docs/guarantees.md]
 //
 // The tiers, cheapest first:
 //
@@ -49,6 +49,7 @@ func main() {
 	tiersFlag := flag.String("tiers", "model,regressions,packages,e2e", "tiers to run, separated by commas (also: soak)")
 	runs := flag.Int("runs", 1, "times to run the model tier on each mutant")
 	write := flag.String("write", "", "put the table into this markdown file, between <!-- mutants --> and <!-- /mutants -->")
+	first := flag.Bool("first", false, "stop at the first tier that catches a mutant (the later tiers show \"-\"): what make test as a whole catches, at a fraction of the time")
 	flag.Parse()
 
 	root, err := repoRoot()
@@ -89,6 +90,10 @@ func main() {
 			fail(err)
 		}
 		for _, t := range tiers {
+			if *first && slices.ContainsFunc(results[i], func(r result) bool { return r.caught }) {
+				results[i] = append(results[i], result{tier: t.name, after: true})
+				continue
+			}
 			logf("mutant %s, tier %s", m.Name, t.name)
 			start := time.Now()
 			err := t.run(dir)
@@ -115,6 +120,7 @@ type result struct {
 	tier    string
 	caught  bool
 	skipped bool
+	after   bool // not run: an earlier tier caught the mutant (-first)
 	took    time.Duration
 }
 
@@ -296,6 +302,8 @@ func render(ms []mutants.Mutant, tiers []tier, results [][]result) string {
 		fmt.Fprintf(&b, "| %s | %s |", name, m.Breaks)
 		for _, r := range results[i] {
 			switch {
+			case r.after:
+				b.WriteString(" - |")
 			case r.skipped:
 				b.WriteString(" not run |")
 			case r.caught:
