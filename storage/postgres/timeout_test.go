@@ -114,6 +114,13 @@ func TestHashScansGiveUpOnALockedTable(t *testing.T) {
 			key := storage.Key{Scope: "scan", ID: "k"}
 			completed(t, newStore(t, postgres.Options{Table: tc.opts.Table}), key, time.Hour)
 			s := openStore(t, pinnedPool(t, dsn, 4), tc.opts)
+			// The store's first use settles its schema; done before the
+			// lock, so that it is the scan that meets it (on a loaded
+			// machine the store's own first cleanup may not be done yet).
+			testutil.Eventually(t, 30*time.Second, "the store to read its record", func() bool {
+				rec, err := s.Get(t.Context(), key, false)
+				return err == nil && rec != nil
+			})
 
 			locker, err := pgx.Connect(t.Context(), dsn)
 			ok(t, err)
