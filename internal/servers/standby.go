@@ -93,11 +93,11 @@ func (p *Postgres) Promote() error {
 	return nil
 }
 
-// SetSynchronous sets the server's synchronous_standby_names (ALTER
-// SYSTEM, then a reload): "*" makes every commit wait for a standby,
-// "" makes replication asynchronous. A base backup taken later carries
-// the setting to the standby it makes.
-func (p *Postgres) SetSynchronous(names string) error {
+// AlterSystem sets the server parameter name to value (ALTER SYSTEM, then
+// a reload): synchronous_standby_names "*" makes every commit wait for a
+// standby, "" makes replication asynchronous. A base backup taken later
+// carries the setting to the standby it makes.
+func (p *Postgres) AlterSystem(name, value string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, p.adminDSN())
@@ -105,7 +105,7 @@ func (p *Postgres) SetSynchronous(names string) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = "+quoteLiteral(names)); err != nil {
+	if _, err := conn.Exec(ctx, "ALTER SYSTEM SET "+pgx.Identifier{name}.Sanitize()+" = "+quoteLiteral(value)); err != nil {
 		return err
 	}
 	_, err = conn.Exec(ctx, "SELECT pg_reload_conf()")

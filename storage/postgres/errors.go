@@ -153,6 +153,8 @@ func (s *Store) unavailable(ctx context.Context, err error) bool {
 		return true
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, pgconn.ErrConnClosed):
 		return true // the connection broke mid-conversation
+	case errors.Is(err, pgconn.ErrReadOnlyConnection):
+		return true // target_session_attrs=read-write found no primary: a failover in progress
 	case s.closed.Load():
 		return true // closed with the store: nothing answers any more
 	}

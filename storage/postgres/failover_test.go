@@ -76,10 +76,10 @@ func TestFailover(t *testing.T) {
 		if d.InRecovery || d.TransactionReadOnly || d.Synchronous || d.SynchronousCommit != "on" || d.Server != primary.Addr || len(d.Standbys) != 1 || d.Standbys[0].SyncState != "async" {
 			t.Errorf("facts of an asynchronous primary: %+v", d)
 		}
-		if err := primary.SetSynchronous("*"); err != nil {
+		if err := primary.AlterSystem("synchronous_standby_names", "*"); err != nil {
 			t.Fatal(err)
 		}
-		defer primary.SetSynchronous("")
+		defer primary.AlterSystem("synchronous_standby_names", "")
 		testutil.Eventually(t, time.Minute, "the standby turns synchronous", func() bool {
 			d, err = onPrimary.Facts(ctx)
 			return err == nil && len(d.Standbys) == 1 && d.Standbys[0].SyncState == "sync"
@@ -111,6 +111,12 @@ func TestFailover(t *testing.T) {
 				t.Errorf("%s on a standby: %d connections left in the pool; want them dropped", op, n)
 			}
 		}
+	})
+
+	t.Run("target_session_attrs=read-write without a primary among the hosts is an outage", func(t *testing.T) {
+		s := failoverStore(t, multiHost("&target_session_attrs=read-write", standby))
+		_, err := s.Reserve(ctx, key("no primary"), fpA, time.Minute)
+		wantUnavailable(t, "reserve with no primary among the hosts", err)
 	})
 
 	t.Run("a multi-host DSN without target_session_attrs stays on the standby it names first", func(t *testing.T) {
