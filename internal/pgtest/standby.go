@@ -47,7 +47,7 @@ func Replicated(t testing.TB) (set *servers.Set, primary, standby *servers.Postg
 	if primary, err = set.StartPostgres(bins, as); err != nil {
 		t.Fatal(err)
 	}
-	if standby, err = set.StartStandby(primary); err != nil {
+	if standby, err = set.StartStandby(primary, ""); err != nil {
 		t.Fatal(err)
 	}
 	return set, primary, standby

@@ -24,8 +24,10 @@ import (
 
 // StartStandby makes a new streaming standby of primary, in a directory
 // of its own in the set, on a free loopback port, and waits until it
-// takes connections (read-only ones: it is in recovery).
-func (s *Set) StartStandby(primary *Postgres) (*Postgres, error) {
+// takes connections (read-only ones: it is in recovery). It streams from
+// via, the primary's address or a proxy's in front of it ("": the
+// primary's).
+func (s *Set) StartStandby(primary *Postgres, via string) (*Postgres, error) {
 	dir, err := s.subdir(fmt.Sprintf("postgres-standby-%d", s.next()), primary.as)
 	if err != nil {
 		return nil, err
@@ -42,7 +44,7 @@ func (s *Set) StartStandby(primary *Postgres) (*Postgres, error) {
 			return nil, err
 		}
 		p.Addr = fmt.Sprintf("127.0.0.1:%d", port)
-		if lastErr = p.Rebase(primary); lastErr == nil {
+		if lastErr = p.Rebase(primary, via); lastErr == nil {
 			s.add(p)
 			return p, nil
 		}
@@ -51,16 +53,19 @@ func (s *Set) StartStandby(primary *Postgres) (*Postgres, error) {
 }
 
 // Rebase makes p, stopped (it is killed if it still runs), a fresh
-// standby of primary on its own port: its data directory is replaced by a
-// base backup of primary. That is how a failover test puts the old
-// primary back as the standby of the new one, on the address a multi-host
-// DSN names.
-func (p *Postgres) Rebase(primary *Postgres) error {
+// standby of primary on its own port, streaming from via (as
+// StartStandby): its data directory is replaced by a base backup of
+// primary. That is how a failover test puts the old primary back as the
+// standby of the new one, on the address a multi-host DSN names.
+func (p *Postgres) Rebase(primary *Postgres, via string) error {
 	p.Kill()
 	if err := os.RemoveAll(p.data); err != nil {
 		return err
 	}
-	host, port, _ := net.SplitHostPort(primary.Addr)
+	if via == "" {
+		via = primary.Addr
+	}
+	host, port, _ := net.SplitHostPort(via)
 	// --checkpoint=fast: the backup starts at once rather than at the
 	// primary's next checkpoint.
 	bb := exec.Command(filepath.Join(filepath.Dir(p.bins.Postgres), "pg_basebackup"),
@@ -69,7 +74,7 @@ func (p *Postgres) Rebase(primary *Postgres) error {
 	bb.Dir = p.dir
 	bb.SysProcAttr = &syscall.SysProcAttr{Credential: p.as.cred}
 	if out, err := bb.CombinedOutput(); err != nil {
-		return fmt.Errorf("pg_basebackup from %s: %v\n%s", primary.Addr, err, out)
+		return fmt.Errorf("pg_basebackup from %s: %v\n%s", via, err, out)
 	}
 	return p.start(false)
 }

@@ -159,7 +159,7 @@ func TestFailover(t *testing.T) {
 
 		// The old primary comes back, as a standby of the new one, on the
 		// address the DSN names: new connections skip it.
-		if err := primary.Rebase(standby); err != nil {
+		if err := primary.Rebase(standby, ""); err != nil {
 			t.Fatal(err)
 		}
 		s.Pool().Reset()
