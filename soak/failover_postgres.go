@@ -166,7 +166,7 @@ func pgFailoverMode(bin string, m pgMode, verbose bool) ([]*promotion, error) {
 	if err != nil {
 		return nil, err
 	}
-	set, err := servers.NewSet("idempotency-soak-failover-", logf)
+	set, err := servers.NewSet("idempotency-soak-failover-pg-", logf)
 	if err != nil {
 		return nil, err
 	}
