@@ -34,6 +34,10 @@
 #                -store-latency 30ms" is production's scale and timing (go run
 #                ./soak -h). Then a run of the randomized test on new seeds
 #                (internal/model; about 3 minutes), MODEL_FLAGS.
+#   make soak-failover  the failover soak: private PostgreSQL primaries with a
+#                streaming standby promoted under load (kill -9, pg_promote),
+#                async and with a synchronous standby; counts the duplicate
+#                executions of each promotion and names them (FAILOVER_FLAGS)
 #   make mutants plants each bug of internal/mutants in a copy of the tree and
 #                says which tier of tests catches it (the randomized test at its
 #                make test budget, its regression seeds, the package tests, e2e),
@@ -62,7 +66,7 @@ STATICCHECK  := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # them and removes their files, whatever the command's outcome.
 WITH_SERVERS := bin/testservers --
 
-.PHONY: run test check testservers promtool unit build check-build fuzz fuzz-short bench soak mutants
+.PHONY: run test check testservers promtool unit build check-build fuzz fuzz-short bench soak soak-failover mutants
 
 run:
 	$(GO) run ./cmd/caddy run --config Caddyfile.example
@@ -153,6 +157,16 @@ MODEL_FLAGS ?= -model.base 0
 soak: build testservers
 	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak $(SOAK_FLAGS)
 	$(WITH_SERVERS) $(GO) test -count=1 -timeout 60m ./internal/model/ -run '^TestModel$$' $(MODEL_FLAGS)
+
+# The failover soak (soak/failover_*.go): private PostgreSQL primaries and
+# streaming standbys promoted under load through real Caddy instances, each
+# mode's duplicate executions counted per promotion and named; about 2
+# minutes a mode of 10 promotions. Flags in FAILOVER_FLAGS (go run ./soak -h:
+# -pg-modes, -pg-promotions, -pg-lag).
+FAILOVER_FLAGS ?= -pg-modes async,sync,remote_apply -v
+
+soak-failover: build
+	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak -failover postgres $(FAILOVER_FLAGS)
 
 MUTANTS_FLAGS ?=
 

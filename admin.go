@@ -55,6 +55,12 @@ type storeInfo struct {
 	Backend  string    `json:"backend"`
 	Handlers int       `json:"handlers"`
 	Ping     *pingView `json:"ping,omitempty"` // none for a store that cannot be pinged
+	// Durability is what protects the store's records across a failover,
+	// as the store last said (storage.DurabilityReporter); none for a
+	// store that cannot tell. DurabilityError says why it cannot keep
+	// records where it is connected, or did not answer.
+	Durability      any    `json:"durability,omitempty"`
+	DurabilityError string `json:"durability_error,omitempty"`
 }
 
 // pingView is a store's last ping as the admin API shows it.
@@ -69,8 +75,9 @@ type pingView struct {
 const adminPingTimeout = 2 * time.Second
 
 // handleStores lists the live stores: GET /idempotency/stores. Each
-// store that can be pinged is pinged now (all at once, each for at most
-// adminPingTimeout), unless ping=false asks for the last ping only.
+// store that can be pinged is pinged now, and asked what protects its
+// records across a failover (all at once, each for at most
+// adminPingTimeout), unless ping=false asks for the last answers only.
 func (adminAPI) handleStores(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return apiError(http.StatusMethodNotAllowed, "use GET")
@@ -81,7 +88,11 @@ func (adminAPI) handleStores(w http.ResponseWriter, r *http.Request) error {
 		defer cancel()
 		var wg sync.WaitGroup
 		for _, s := range live {
-			wg.Go(func() { s.Ping(ctx) })
+			wg.Go(func() {
+				if s.Ping(ctx).Err == nil {
+					s.Durability(ctx)
+				}
+			})
 		}
 		wg.Wait()
 	}
@@ -92,6 +103,12 @@ func (adminAPI) handleStores(w http.ResponseWriter, r *http.Request) error {
 			info.Ping = &pingView{OK: p.Err == nil, At: p.At.UTC(), TookMS: float64(p.Took.Microseconds()) / 1000}
 			if p.Err != nil {
 				info.Ping.Error = p.Err.Error()
+			}
+		}
+		if d := s.LastDurability(); !d.At.IsZero() {
+			info.Durability = d.Facts
+			if d.Err != nil {
+				info.DurabilityError = d.Err.Error()
 			}
 		}
 		list = append(list, info)

@@ -5,11 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
@@ -108,5 +113,73 @@ func TestPostgresStatementsPerRequest(t *testing.T) {
 	}
 	if got := pgtest.CountCommits(t, dsn, db, session, nil, replay); got != 1 {
 		t.Errorf("a replay committed %d statements, want 1", got)
+	}
+}
+
+// TestPostgresFailoverFactsAndReadOnlyServer runs handlers on a private
+// primary and its streaming standby (pgtest.Replicated): GET
+// /idempotency/stores shows what protects each store's records across a
+// failover, and a store connected to the standby answers requests by
+// on_storage_error, with one log line that says what to do.
+func TestPostgresFailoverFactsAndReadOnlyServer(t *testing.T) {
+	_, primary, standby := pgtest.Replicated(t)
+	table := pgtest.Name("idem_failover_")
+	onPrimary := onPostgres(t, &Handler{}, primary.DSN, table, "")
+	up := &upstream{}
+	if w := serve(onPrimary, up, request("k", "{}")); w.Code != http.StatusCreated {
+		t.Fatalf("on the primary: %d", w.Code) // creates the table, which the standby then has too
+	}
+	if err := primary.WaitStreaming(1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	closed := onPostgres(t, &Handler{OnStorageError: "fail_closed"}, standby.DSN, table, "")
+	open := onPostgres(t, &Handler{OnStorageError: "fail_open"}, standby.DSN, table, `"timeout":"3s"`)
+
+	var a adminAPI
+	w := httptest.NewRecorder()
+	if err := a.handleStores(w, httptest.NewRequest(http.MethodGet, "/idempotency/stores", nil)); err != nil {
+		t.Fatal(err)
+	}
+	var list []struct {
+		ID         string `json:"id"`
+		Durability *struct {
+			Server            string `json:"server"`
+			InRecovery        bool   `json:"in_recovery"`
+			SynchronousCommit string `json:"synchronous_commit"`
+			Standbys          []struct {
+				SyncState string `json:"sync_state"`
+			} `json:"standbys"`
+		} `json:"durability"`
+		DurabilityError string `json:"durability_error"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]int{}
+	for i, s := range list {
+		byID[s.ID] = i
+	}
+	p, s := list[byID[storeID(t, onPrimary)]], list[byID[storeID(t, closed)]]
+	if d := p.Durability; d == nil || d.InRecovery || d.Server != primary.Addr || d.SynchronousCommit != "on" || len(d.Standbys) != 1 || p.DurabilityError != "" {
+		t.Errorf("the primary's store: %s", w.Body)
+	}
+	if d := s.Durability; d == nil || !d.InRecovery || d.Server != standby.Addr || !strings.Contains(s.DurabilityError, "target_session_attrs=read-write") {
+		t.Errorf("the standby's store: %s", w.Body)
+	}
+
+	core, logs := observer.New(zapcore.InfoLevel)
+	closed.logger = zap.New(core)
+	if w := serve(closed, up, request("k2", "{}")); w.Code != http.StatusServiceUnavailable {
+		t.Errorf("fail_closed on the standby: %d, want 503", w.Code)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Errorf("fail_closed on the standby: the upstream ran (%d calls)", n)
+	}
+	if w := serve(open, up, request("k3", "{}")); w.Code != http.StatusCreated || up.calls.Load() != 2 {
+		t.Errorf("fail_open on the standby: %d, upstream calls %d; want the request passed on", w.Code, up.calls.Load())
+	}
+	lines := logs.All()
+	if len(lines) != 1 || !strings.Contains(fmt.Sprint(lines[0].ContextMap()["error"]), "connected to a read-only server (in recovery)") {
+		t.Errorf("log lines of fail_closed on the standby: %+v; want one that says the server is read-only", lines)
 	}
 }

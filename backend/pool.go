@@ -40,6 +40,8 @@ type pooledStore struct {
 	destructed bool // no handler uses the store any more
 	closed     bool
 	lastPing   PingResult
+
+	lastDurability DurabilityResult // see durability.go
 }
 
 // PingResult is the outcome of a store's last ping (storage.Pinger).
@@ -126,7 +128,9 @@ type Pooled struct {
 // (address, free of credentials), and a store that implements
 // storage.Pinger is pinged once in the background: start-up never waits
 // for it, but an unreachable store is named in a warning at once rather
-// than at the first request.
+// than at the first request. Once it answered, what protects its records
+// across a failover (storage.DurabilityReporter) is logged, and a store
+// that cannot keep them where it is connected is warned about.
 func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where string, open func() (storage.Store, error)) error {
 	raw, err := json.Marshal(config)
 	if err != nil {
@@ -164,7 +168,9 @@ func (p *pooledStore) pingAtStart(logger *zap.Logger, id, where string) {
 	if r := p.ping(ctx); r.Err != nil {
 		logger.Warn("idempotency store unreachable; requests using it follow on_storage_error until it answers",
 			zap.String("backend", p.backend), zap.String("store", id), zap.String("address", where), zap.Error(r.Err))
+		return
 	}
+	p.logDurability(ctx, logger, id, where)
 }
 
 // Store implements Backend.

@@ -114,6 +114,9 @@ func run(o options) int {
 	if o.check != "" {
 		return checkSaved(o.check)
 	}
+	if failoverTargets != "" {
+		return runFailover(o)
+	}
 	if o.seed == 0 {
 		o.seed = time.Now().UnixNano() % 1_000_000_000
 	}

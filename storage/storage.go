@@ -334,6 +334,17 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// DurabilityReporter is implemented by stores that can say what protects
+// their records across a failover of their server (the server's role, its
+// replicas, how writes wait for them), for the start-up log and the admin
+// API.
+type DurabilityReporter interface {
+	// Durability asks the server for those facts and returns them as a
+	// value encoding/json writes as an object. It fails as Ping does when
+	// the server does not answer.
+	Durability(ctx context.Context) (any, error)
+}
+
 // HashFinder is implemented by stores that can find records from the Hash
 // of their key alone: how an operator gets from a log line (key_hash) to
 // a record without the client's key or credentials. It may scan the whole

@@ -47,6 +47,17 @@ func (c *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+var _ storage.DurabilityReporter = (*Store)(nil)
+
+// Durability implements storage.DurabilityReporter when the wrapped store
+// does (nil, no facts, otherwise).
+func (c *Store) Durability(ctx context.Context) (any, error) {
+	if d, ok := c.Store.(storage.DurabilityReporter); ok {
+		return d.Durability(ctx)
+	}
+	return nil, nil
+}
+
 var _ storage.KeyLimiter = (*Store)(nil)
 
 // MaxKeyLength implements storage.KeyLimiter for the wrapped store: 0

@@ -25,6 +25,9 @@ import (
 // not wrap it, so that such a deployment mistake or corruption fails
 // closed instead of silently running every request without
 // idempotency. An error the store cannot place is treated as an answer.
+// A server that refuses writes (read_only_sql_transaction, 25006: a
+// standby, or a primary a failover demoted) is unavailable too: the
+// deployment is right, the topology is changing (see ErrReadOnly).
 
 //
 // A row locked by another transaction is neither: the server answered
@@ -44,7 +47,24 @@ const (
 	undefinedTable       = "42P01"
 	undefinedColumn      = "42703"
 	lockNotAvailable     = "55P03"
+	readOnlyTransaction  = "25006"
 )
+
+// readOnly reports whether err is read_only_sql_transaction: a write sent
+// to a server that refuses writes (a standby, see ErrReadOnly).
+func readOnly(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == readOnlyTransaction
+}
+
+// dropConnections closes every connection of the store's pools, idle ones
+// now and those in use when they are released, so that the next
+// statements connect afresh: after a failover, to the new primary (with a
+// multi-host DSN and target_session_attrs=read-write).
+func (s *Store) dropConnections() {
+	s.pool.Reset()
+	s.renewals.Reset()
+}
 
 // lockTimedOut reports whether err is lock_not_available: a statement
 // that waited for a lock for longer than lock_timeout.
@@ -133,6 +153,8 @@ func (s *Store) unavailable(ctx context.Context, err error) bool {
 		return true
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, pgconn.ErrConnClosed):
 		return true // the connection broke mid-conversation
+	case errors.Is(err, pgconn.ErrReadOnlyConnection):
+		return true // target_session_attrs=read-write found no primary: a failover in progress
 	case s.closed.Load():
 		return true // closed with the store: nothing answers any more
 	}
@@ -149,6 +171,11 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 	switch {
 	case errors.Is(err, storage.ErrCorrupt), errors.Is(err, storage.ErrInvalid), errors.Is(err, storage.ErrBusy):
 		return fmt.Errorf("postgres %s: %w", op, err)
+	case readOnly(err):
+		// A failover demoted the server, or the DSN names a standby: as
+		// an outage, the store cannot serve requests there.
+		s.dropConnections()
+		return fmt.Errorf("postgres %s: %w: %w: %w", op, storage.ErrUnavailable, ErrReadOnly, err)
 	case errors.As(err, &scanErr):
 		// A column holds what the store never writes (someone else wrote
 		// the row, or changed the table).
