@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 )
 
 // Client defaults, for ClientOptions fields left zero.
@@ -162,10 +163,11 @@ func CheckURL(u string, hasUsername, hasPassword bool) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return opterr.Errorf("url", "redis storage: invalid url: %v", err)
+		return opterr.Errorf("url", "redis storage: invalid url: %s", redact.Scrub(err.Error(), redact.Secrets(u)))
 	}
 	if _, err := goredis.ParseURL(u); err != nil {
-		return opterr.Errorf("url", "redis storage: invalid url: %v", err)
+		// go-redis quotes parts of the URL (its path, a query value).
+		return opterr.Errorf("url", "redis storage: invalid url: %s", redact.Scrub(err.Error(), redact.Secrets(u)))
 	}
 	if parsed.Scheme != "unix" && parsed.Hostname() == "" {
 		return opterr.New(errors.New("redis storage: invalid url: no host"), "url")
@@ -200,7 +202,7 @@ func ParseAddresses(entries []string) (addrs []string, useTLS bool, err error) {
 			if before, after, ok := strings.Cut(a, "://"); ok {
 				u, err := url.Parse(a)
 				if err != nil || (before != "redis" && before != "rediss") || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
-					return nil, false, fmt.Errorf("redis storage: address %q must be host:port, redis://host:port or rediss://host:port", a)
+					return nil, false, fmt.Errorf("redis storage: address %q must be host:port, redis://host:port or rediss://host:port", redact.DSN(a))
 				}
 				s, hostport = before, strings.TrimSuffix(after, "/")
 			}
@@ -281,7 +283,7 @@ func newClient(o ClientOptions, renew bool) (goredis.UniversalClient, error) {
 		}
 		opt, err := goredis.ParseURL(u)
 		if err != nil {
-			return nil, fmt.Errorf("redis storage: invalid url: %v", err)
+			return nil, fmt.Errorf("redis storage: invalid url: %s", redact.Scrub(err.Error(), redact.Secrets(u)))
 		}
 		if o.Username != "" {
 			opt.Username = o.Username

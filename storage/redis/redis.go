@@ -128,6 +128,9 @@ type Store struct {
 	pipe    *pipeliner
 	invalid error // why the options are refused; nil when they are not
 
+	// secrets are the client's passwords, which errors are scrubbed of.
+	secrets []string
+
 	renewTrips atomic.Int64 // pipelines of renewals sent to a node
 
 	closeOnce sync.Once
@@ -163,6 +166,7 @@ func New(client goredis.UniversalClient, opts Options) *Store {
 		timeout: opts.Timeout,
 		hub:     newHub(client),
 		pipe:    newPipeliner(client),
+		secrets: secretsOf(client),
 	}
 	if opts.RenewClient != nil {
 		s.renewer = opts.RenewClient
@@ -195,9 +199,9 @@ func (s *Store) Ping(ctx context.Context) error {
 		return s.invalid
 	}
 	if cc, ok := s.client.(*goredis.ClusterClient); ok {
-		return classify(cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error { return c.Ping(ctx).Err() }))
+		return s.classify(cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error { return c.Ping(ctx).Err() }))
 	}
-	return classify(s.client.Ping(ctx).Err())
+	return s.classify(s.client.Ping(ctx).Err())
 }
 
 // keyName returns the Redis key of a record: the prefix and the hex of the
