@@ -45,6 +45,8 @@ const (
 	deadlockDetected     = "40P01"
 	undefinedTable       = "42P01"
 	undefinedColumn      = "42703"
+	invalidParamName     = "42602"
+	undefinedObject      = "42704"
 	lockNotAvailable     = "55P03"
 )
 
@@ -169,6 +171,11 @@ func (s *Store) meaning(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("postgres %s: %w: %w", op, ctx.Err(), err)
 	case s.unavailable(ctx, err):
 		return fmt.Errorf("postgres %s: %w: %w", op, storage.ErrUnavailable, err)
+	case errors.As(err, &pgErr) && (pgErr.Code == invalidParamName || pgErr.Code == undefinedObject) && errors.As(err, new(*pgconn.ConnectError)):
+		// The server refused a setting of the start-up packet: pgx passes
+		// every keyword it does not know on as one, and a URL whose
+		// scheme it does not know is read as a keyword.
+		return fmt.Errorf("postgres %s: the server refused a parameter of the dsn (a misspelt keyword, or a URL whose scheme is not postgres:// or postgresql://, read as one): %w", op, err)
 	case errors.As(err, &pgErr) && pgErr.Code == undefinedTable:
 		hint := "create it with the statements `caddy idempotency schema` prints (docs/storage-postgres.md, The table), or turn create_table on"
 		if s.opts.CreateTable {
