@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -100,6 +101,18 @@ type ClientOptions struct {
 // usesTLSFiles reports whether o asks for TLS through its file options.
 func (o ClientOptions) usesTLSFiles() bool {
 	return o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSKeyFile != "" || o.TLSServerName != ""
+}
+
+// Secrets returns the passwords o holds: Password, SentinelPassword and
+// those of URL and Addrs (however misspelt), for Options.Secrets.
+func (o ClientOptions) Secrets() []string {
+	secrets := redact.Secrets(strings.Join(append([]string{o.URL}, o.Addrs...), " "))
+	for _, pw := range []string{o.Password, o.SentinelPassword} {
+		if pw != "" && !slices.Contains(secrets, pw) {
+			secrets = append(secrets, pw)
+		}
+	}
+	return secrets
 }
 
 // url returns o.URL with a bare host:port read as redis://host:port.

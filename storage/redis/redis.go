@@ -101,6 +101,11 @@ type Options struct {
 	// ownership of it: Close closes it. Nil: renewals share the Store's
 	// client (still one pipeline per node and batch).
 	RenewClient goredis.UniversalClient
+
+	// Secrets are scrubbed from every error's message, besides the
+	// client's own password: those go-redis does not give back, such as
+	// a Sentinel's (ClientOptions.Secrets lists them all).
+	Secrets []string
 }
 
 // Check reports what is wrong with o. A KeyPrefix must not hold a brace:
@@ -166,7 +171,7 @@ func New(client goredis.UniversalClient, opts Options) *Store {
 		timeout: opts.Timeout,
 		hub:     newHub(client),
 		pipe:    newPipeliner(client),
-		secrets: secretsOf(client),
+		secrets: append(secretsOf(client), opts.Secrets...),
 	}
 	if opts.RenewClient != nil {
 		s.renewer = opts.RenewClient
