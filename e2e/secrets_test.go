@@ -27,6 +27,7 @@ type secretCase struct {
 	storage string
 	env     map[string]string
 	starts  bool
+	says    string // in GET /idempotency/stores when it starts, else in caddy validate's output: the path was taken
 }
 
 // secretCases are the typos of issue 28, on both stores. PGHOST, PGPORT
@@ -45,19 +46,19 @@ func secretCases(t *testing.T) (cases []secretCase, env map[string]string) {
 	typo := "postgress://" + pg.User.Username() + ":" + leakPW + "@" + pg.Host + "/test?sslmode=disable"
 	pgBlock := func(dsn string) string { return "storage postgres {\n\tdsn \"" + dsn + "\"\n}" }
 	return []secretCase{
-		{name: "postgres scheme typo", storage: pgBlock(typo), starts: true},
-		{name: "postgres scheme typo from env", storage: pgBlock("{env.IDEM_E2E_DSN}"), env: map[string]string{"IDEM_E2E_DSN": typo}, starts: true},
-		{name: "postgres keyword typo", storage: pgBlock("host=" + pg.Hostname() + " port=" + pg.Port() + " user=" + pg.User.Username() + " pasword=" + leakPW + " dbname=test sslmode=disable"), starts: true},
-		{name: "postgres keyword quoted, wrong database", storage: pgBlock("host=" + pg.Hostname() + " port=" + pg.Port() + " user=" + pg.User.Username() + " password='" + leakPW + "' dbname=nosuchdb sslmode=disable"), starts: true},
-		{name: "postgres password from env, dead port", storage: pgBlock("postgres://app:{env.IDEM_E2E_PW}@" + dead + "/test?sslmode=disable"), env: map[string]string{"IDEM_E2E_PW": leakPW}, starts: true},
-		{name: "postgres missing colon", storage: pgBlock("postgres//app:" + leakPW + "@" + pg.Host + "/test"), starts: false},
-		{name: "redis missing colon", storage: "storage redis {\n\turl redis//:" + leakPW + "@" + redis + "\n}", starts: false},
-		{name: "rediss one slash", storage: "storage redis {\n\turl rediss:/:" + leakPW + "@" + redis + "\n}", starts: false},
-		{name: "redis password in the path", storage: "storage redis {\n\turl redis://:" + leakPW + "@" + redis + "/" + leakPW + "\n}", starts: false},
-		{name: "redis wrong password", storage: "storage redis {\n\turl redis://nosuchuser:" + leakPW + "@" + redis + "/0\n}", starts: true},
-		{name: "redis password from env", storage: "storage redis {\n\turl redis://" + redis + "/0\n\tusername nosuchuser\n\tpassword {env.IDEM_E2E_PW}\n}", env: map[string]string{"IDEM_E2E_PW": leakPW}, starts: true},
-		{name: "redis sentinel passwords", storage: "storage redis {\n\taddresses " + dead + "\n\tmaster_name m\n\tpassword " + leakPW + "\n\tsentinel_password {env.IDEM_E2E_PW}\n}", env: map[string]string{"IDEM_E2E_PW": leakPW}, starts: true},
-		{name: "redis sentinel address with a password", storage: "storage redis {\n\taddresses redis://:" + leakPW + "@" + dead + "\n\tmaster_name m\n}", starts: false},
+		{name: "postgres scheme typo", storage: pgBlock(typo), starts: true, says: "scheme is not postgres://"},
+		{name: "postgres scheme typo from env", storage: pgBlock("{env.IDEM_E2E_DSN}"), env: map[string]string{"IDEM_E2E_DSN": typo}, starts: true, says: "scheme is not postgres://"},
+		{name: "postgres keyword typo", storage: pgBlock("host=" + pg.Hostname() + " port=" + pg.Port() + " user=" + pg.User.Username() + " pasword=" + leakPW + " dbname=test sslmode=disable"), starts: true, says: `unrecognized configuration parameter \"pasword\"`},
+		{name: "postgres keyword quoted, wrong database", storage: pgBlock("host=" + pg.Hostname() + " port=" + pg.Port() + " user=" + pg.User.Username() + " password='" + leakPW + "' dbname=nosuchdb sslmode=disable"), starts: true, says: `database \"nosuchdb\" does not exist`},
+		{name: "postgres password from env, dead port", storage: pgBlock("postgres://app:{env.IDEM_E2E_PW}@" + dead + "/test?sslmode=disable"), env: map[string]string{"IDEM_E2E_PW": leakPW}, starts: true, says: "connection refused"},
+		{name: "postgres missing colon", storage: pgBlock("postgres//app:" + leakPW + "@" + pg.Host + "/test"), starts: false, says: "not a valid connection string"},
+		{name: "redis missing colon", storage: "storage redis {\n\turl redis//:" + leakPW + "@" + redis + "\n}", starts: false, says: "url must start with a scheme"},
+		{name: "rediss one slash", storage: "storage redis {\n\turl rediss:/:" + leakPW + "@" + redis + "\n}", starts: false, says: "url must start with a scheme"},
+		{name: "redis password in the path", storage: "storage redis {\n\turl redis://:" + leakPW + "@" + redis + "/" + leakPW + "\n}", starts: false, says: "invalid database number"},
+		{name: "redis wrong password", storage: "storage redis {\n\turl redis://nosuchuser:" + leakPW + "@" + redis + "/0\n}", starts: true, says: "WRONGPASS"},
+		{name: "redis password from env", storage: "storage redis {\n\turl redis://" + redis + "/0\n\tusername nosuchuser\n\tpassword {env.IDEM_E2E_PW}\n}", env: map[string]string{"IDEM_E2E_PW": leakPW}, starts: true, says: "WRONGPASS"},
+		{name: "redis sentinel passwords", storage: "storage redis {\n\taddresses " + dead + "\n\tmaster_name m\n\tpassword " + leakPW + "\n\tsentinel_password {env.IDEM_E2E_PW}\n}", env: map[string]string{"IDEM_E2E_PW": leakPW}, starts: true, says: "sentinels"},
+		{name: "redis sentinel address with a password", storage: "storage redis {\n\taddresses redis://:" + leakPW + "@" + dead + "\n\tmaster_name m\n}", starts: false, says: "without credentials"},
 	}, env
 }
 
@@ -90,6 +91,9 @@ func TestNoPasswordInAnyLogOrAnswer(t *testing.T) {
 				t.Errorf("caddy validate accepted it: %v, want %v:\n%s", ok, tc.starts, tail(out, 20))
 			}
 			noLeak("caddy validate's output", out)
+			if !tc.starts && !strings.Contains(out, tc.says) {
+				t.Errorf("caddy validate's output does not say %s:\n%s", tc.says, tail(out, 20))
+			}
 			stdout, stderr := caddyAdapt(t, "{\n\tadmin off\n}\n\n"+config.Sites)
 			noLeak("caddy adapt's log", stderr)
 			if !strings.Contains(tc.storage, leakPW) {
@@ -125,9 +129,12 @@ func TestNoPasswordInAnyLogOrAnswer(t *testing.T) {
 			testutil.Eventually(t, 20*time.Second, "the log line of the store errors", func() bool {
 				return strings.Contains(inst.Log(), `"msg":"idempotency store unavailable`)
 			})
-			for _, path := range []string{"/idempotency/stores", "/idempotency/keys?key_hash=0123456789abcdef", "/idempotency/in-flight"} {
+			for _, path := range []string{"/idempotency/stores", "/idempotency/keys?key_hash=0123456789abcdef", "/idempotency/in_flight"} {
 				_, body := adminGet(t, inst, path)
 				noLeak("GET "+path, string(body))
+				if path == "/idempotency/stores" && !strings.Contains(string(body), tc.says) {
+					t.Errorf("GET %s does not say %s: %s", path, tc.says, body)
+				}
 			}
 			for _, args := range [][]string{{"list"}, {"get", "--key-hash", "0123456789abcdef"}} {
 				cmd := exec.Command(caddyBin, append(append([]string{"idempotency"}, args...), "--address", inst.AdminAddr)...)
