@@ -27,7 +27,7 @@ type secretCase struct {
 	storage string
 	env     map[string]string
 	starts  bool
-	says    string // in GET /idempotency/stores when it starts, else in caddy validate's output: the path was taken
+	says    string // in caddy validate's output and, when it starts, in GET /idempotency/stores: the path was taken
 }
 
 // secretCases are the typos of issue 28, on both stores. PGHOST, PGPORT
@@ -91,7 +91,9 @@ func TestNoPasswordInAnyLogOrAnswer(t *testing.T) {
 				t.Errorf("caddy validate accepted it: %v, want %v:\n%s", ok, tc.starts, tail(out, 20))
 			}
 			noLeak("caddy validate's output", out)
-			if !tc.starts && !strings.Contains(out, tc.says) {
+			if !strings.Contains(out, tc.says) {
+				// Refused, or warned of with its real cause: validate waits
+				// for the store's first ping.
 				t.Errorf("caddy validate's output does not say %s:\n%s", tc.says, tail(out, 20))
 			}
 			stdout, stderr := caddyAdapt(t, "{\n\tadmin off\n}\n\n"+config.Sites)
