@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"iter"
 	"slices"
@@ -42,6 +43,12 @@ type pooledStore struct {
 	lastPing   PingResult
 
 	lastDurability DurabilityResult // see durability.go
+
+	// startPing is closed once the ping at start is done (nil for a store
+	// that cannot be pinged); the store is not closed before, so that a
+	// configuration unloaded at once (caddy validate) still reports what
+	// the ping found rather than the pool it closed under it.
+	startPing chan struct{}
 }
 
 // PingResult is the outcome of a store's last ping (storage.Pinger).
@@ -80,6 +87,15 @@ func (p *pooledStore) Destruct() error {
 	if !idle {
 		return nil // the last hold closes it
 	}
+	return p.close()
+}
+
+// close closes the store once its ping at start is done (which its own
+// timeout bounds).
+func (p *pooledStore) close() error {
+	if p.startPing != nil {
+		<-p.startPing
+	}
 	return p.Close()
 }
 
@@ -104,7 +120,7 @@ func (p *pooledStore) unhold() {
 	if !last {
 		return
 	}
-	if err := p.Close(); err != nil {
+	if err := p.close(); err != nil {
 		caddy.Log().Named("http.handlers.idempotency").Error("closing idempotency store", zap.String("backend", p.backend), zap.Error(err))
 	}
 }
@@ -127,10 +143,13 @@ type Pooled struct {
 // A store opened here is announced in logger's log with where it is
 // (address, free of credentials), and a store that implements
 // storage.Pinger is pinged once in the background: start-up never waits
-// for it, but an unreachable store is named in a warning at once rather
-// than at the first request. Once it answered, what protects its records
-// across a failover (storage.DurabilityReporter) is logged, and a store
-// that cannot keep them where it is connected is warned about.
+// for it, but an unreachable or unusable store is named in a warning with
+// its cause at once rather than at the first request. A store is not
+// closed before that ping is done, so that caddy validate, which unloads
+// the configuration at once, reports the cause too (or that the store was
+// not reached within startPingTimeout). Once it answered, what protects
+// its records across a failover (storage.DurabilityReporter) is logged,
+// and a store that cannot keep them where it is connected is warned about.
 func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where string, open func() (storage.Store, error)) error {
 	raw, err := json.Marshal(config)
 	if err != nil {
@@ -147,6 +166,7 @@ func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where s
 		p := &pooledStore{Store: s, backend: backend}
 		p.release = p.unhold
 		if _, ok := s.(storage.Pinger); ok {
+			p.startPing = make(chan struct{})
 			go p.pingAtStart(logger, key, where)
 		}
 		return p, nil
@@ -161,16 +181,30 @@ func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where s
 // startPingTimeout bounds the ping of a store just opened.
 const startPingTimeout = 5 * time.Second
 
-// pingAtStart pings a store just opened and warns when it does not answer.
+// pingAtStart pings a store just opened and warns, once, when it does not
+// answer or answers with an error (a wrong password, a missing table),
+// saying which and what requests meet meanwhile.
 func (p *pooledStore) pingAtStart(logger *zap.Logger, id, where string) {
+	defer close(p.startPing)
 	ctx, cancel := context.WithTimeout(context.Background(), startPingTimeout)
 	defer cancel()
-	if r := p.ping(ctx); r.Err != nil {
-		logger.Warn("idempotency store unreachable; requests using it follow on_storage_error until it answers",
-			zap.String("backend", p.backend), zap.String("store", id), zap.String("address", where), zap.Error(r.Err))
+	r := p.ping(ctx)
+	if r.Err == nil {
+		p.logDurability(ctx, logger, id, where)
 		return
 	}
-	p.logDurability(ctx, logger, id, where)
+	fields := []zap.Field{zap.String("backend", p.backend), zap.String("store", id), zap.String("address", where), zap.Error(r.Err)}
+	switch {
+	case errors.Is(r.Err, storage.ErrUnavailable) && (ctx.Err() != nil || errors.Is(r.Err, context.DeadlineExceeded)):
+		// No answer within the store's timeout or startPingTimeout: a
+		// host that drops packets, or a server too slow.
+		logger.Warn("idempotency store not reached in time; requests using it follow on_storage_error until it answers",
+			append(fields, zap.Duration("waited", r.Took))...)
+	case errors.Is(r.Err, storage.ErrUnavailable):
+		logger.Warn("idempotency store unreachable; requests using it follow on_storage_error until it answers", fields...)
+	default:
+		logger.Warn("idempotency store not usable: it answered with an error; requests using it fail (503) until it is fixed", fields...)
+	}
 }
 
 // Store implements Backend.

@@ -1,10 +1,16 @@
 package backend
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
@@ -74,5 +80,61 @@ func TestPooledBackendsShareOneStorePerConfiguration(t *testing.T) {
 	}
 	if a.Store() != b.Store() || a.Store() == c.Store() || opened != 2 {
 		t.Fatalf("stores: a==b %v, a==c %v, opened %d; want one store per configuration", a.Store() == b.Store(), a.Store() == c.Store(), opened)
+	}
+}
+
+// slowPinger is a store whose Ping answers err once let go, unless the
+// store was closed first ("closed pool", as pgxpool says).
+type slowPinger struct {
+	storage.Store
+	pinging, answer chan struct{}
+	closed          atomic.Bool
+	err             error
+}
+
+func (s *slowPinger) Ping(ctx context.Context) error {
+	close(s.pinging)
+	<-s.answer
+	if s.closed.Load() {
+		return errors.New("closed pool")
+	}
+	return s.err
+}
+
+func (s *slowPinger) Close() error { s.closed.Store(true); return s.Store.Close() }
+
+// A configuration unloaded while its store's first ping is out (caddy
+// validate unloads it at once) closes the store only once the ping is
+// done, so that the warning names what the ping found, not the pool
+// closed under it (issue 28).
+func TestAStoreIsNotClosedUnderItsStartPing(t *testing.T) {
+	inner := &slowPinger{Store: memory.New(memory.Options{}), pinging: make(chan struct{}), answer: make(chan struct{}),
+		err: fmt.Errorf("%w: password authentication failed", storage.ErrUnavailable)}
+	core, logs := observer.New(zap.WarnLevel)
+	var b Pooled
+	if err := b.Acquire(zap.New(core), "test", "slow-ping", "", func() (storage.Store, error) { return inner, nil }); err != nil {
+		t.Fatal(err)
+	}
+	<-inner.pinging
+	cleaned := make(chan error)
+	go func() { cleaned <- b.Cleanup() }()
+	select {
+	case err := <-cleaned:
+		t.Fatalf("Cleanup returned (%v) while the start ping was out", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(inner.answer)
+	if err := <-cleaned; err != nil {
+		t.Fatal(err)
+	}
+	if !inner.closed.Load() {
+		t.Error("the store was not closed after the ping")
+	}
+	var got []string
+	for _, e := range logs.All() {
+		got = append(got, e.Message+": "+e.ContextMap()["error"].(string))
+	}
+	if len(got) != 1 || !strings.Contains(got[0], "password authentication failed") {
+		t.Errorf("warnings %q, want one naming the ping's cause", got)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
@@ -151,6 +152,8 @@ func (p *Storage) Provision(ctx caddy.Context) error {
 	}
 	cc := poolCfg.ConnConfig
 	where := fmt.Sprintf("postgres://%s@%s/%s table %s (max_conns %d)", cc.User, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cc.Database, cfg.Table, poolCfg.MaxConns)
+	// A DSN pgx misread may put a password anywhere.
+	where = redact.Scrub(where, append(redact.Secrets(cfg.DSN), cc.Password))
 	backend.CountRemoved("postgres", backend.RemovedExpired, 0) // the series exists, at zero, once a store is configured
 	return p.Acquire(ctx.Logger(), "postgres", cfg, where, func() (storage.Store, error) {
 		// No connection is made here: pgxpool connects on first use.

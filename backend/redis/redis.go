@@ -177,6 +177,7 @@ func (r *Storage) Provision(ctx caddy.Context) error {
 			KeyPrefix:   cfg.KeyPrefix,
 			Timeout:     cmp.Or(cfg.Client.Timeout, redisstore.DefaultTimeout),
 			RenewClient: renew,
+			Secrets:     cfg.Client.Secrets(),
 		})
 		return backend.Wrap(store, cfg.Cache), nil
 	})

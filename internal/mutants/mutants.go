@@ -125,6 +125,27 @@ var All = []Mutant{
 		Old:    "\treturn min(max(timeout/4, minLockWait), maxLockWait)\n",
 		New:    "\treturn time.Hour\n",
 	},
+	{
+		Name:   "pg-errors-unscrubbed",
+		Breaks: "PostgreSQL errors keep the DSN's password: a misspelt scheme puts it in the start-up warning, every request's log line and the admin API",
+		File:   "storage/postgres/errors.go",
+		Old:    "\treturn redact.Wrap(s.meaning(ctx, op, err), s.secrets)\n",
+		New:    "\treturn redact.Wrap(s.meaning(ctx, op, err), nil)\n",
+	},
+	{
+		Name:   "pg-ping-no-columns",
+		Breaks: "the PostgreSQL ping only asks whether the server answers: a missing table or column shows as ok while every keyed request gets 503",
+		File:   "storage/postgres/postgres.go",
+		Old:    "\tif _, err := s.pool.Exec(ctx, s.sql.columns); err != nil {\n",
+		New:    "\tif err := s.pool.Ping(ctx); err != nil {\n",
+	},
+	{
+		Name:   "store-closed-under-ping",
+		Breaks: "a store unloaded at once (caddy validate) is closed under its first ping: the warning says closed pool or canceled instead of the cause",
+		File:   "backend/pool.go",
+		Old:    "\tif p.startPing != nil {\n\t\t<-p.startPing\n\t}\n",
+		New:    "",
+	},
 }
 
 // Plant writes m into the tree at root, which must hold File with Old

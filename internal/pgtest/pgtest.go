@@ -14,7 +14,6 @@ import (
 	"encoding/hex"
 	"net/url"
 	"os"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 )
 
@@ -60,7 +60,7 @@ func Require(t testing.TB) string {
 		reachErr = err
 	})
 	if reachErr != nil {
-		testutil.Unavailable(t, "PostgreSQL at %s=%q is unreachable: %v", EnvDSN, redacted(dsn), reachErr)
+		testutil.Unavailable(t, "PostgreSQL at %s=%q is unreachable: %v", EnvDSN, redact.DSN(dsn), reachErr)
 	}
 	return dsn
 }
@@ -120,19 +120,6 @@ func Exec(t testing.TB, dsn, sql string, args ...any) {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
-
-// redacted hides a password in dsn for messages.
-func redacted(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			return u.String()
-		}
-	}
-	return passwordKV.ReplaceAllString(dsn, "password=xxxxx")
-}
-
-var passwordKV = regexp.MustCompile(`password=('[^']*'|\S*)`)
 
 // WaitForLockWait waits until a statement on table waits for a lock (it
 // is blocked by another transaction's row or table lock).

@@ -7,12 +7,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -46,6 +48,8 @@ const (
 	deadlockDetected     = "40P01"
 	undefinedTable       = "42P01"
 	undefinedColumn      = "42703"
+	invalidParamName     = "42602"
+	undefinedObject      = "42704"
 	lockNotAvailable     = "55P03"
 	readOnlyTransaction  = "25006"
 )
@@ -162,10 +166,18 @@ func (s *Store) unavailable(ctx context.Context, err error) bool {
 }
 
 // fail wraps an error of operation op, run under ctx, with context and
-// its meaning (see the top of this file). A missing table gets a hint,
-// since with create_table off it is a deployment mistake rather than an
-// outage. Errors never carry the connection string.
+// its meaning (see the top of this file). A missing table or column gets a
+// hint, since with create_table off it is a deployment mistake rather than
+// an outage. Every error leaves the store through fail, scrubbed of the
+// connection string's passwords (redact.Wrap): a DSN pgx misread (a
+// scheme typo) reaches the server as a parameter name, which the server's
+// error quotes.
 func (s *Store) fail(ctx context.Context, op string, err error) error {
+	return redact.Wrap(s.meaning(ctx, op, err), s.secrets)
+}
+
+// meaning is fail without the scrubbing.
+func (s *Store) meaning(ctx context.Context, op string, err error) error {
 	var pgErr *pgconn.PgError
 	var scanErr pgx.ScanArgError
 	switch {
@@ -186,6 +198,11 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("postgres %s: %w: %w", op, ctx.Err(), err)
 	case s.unavailable(ctx, err):
 		return fmt.Errorf("postgres %s: %w: %w", op, storage.ErrUnavailable, err)
+	case errors.As(err, &pgErr) && (pgErr.Code == invalidParamName || pgErr.Code == undefinedObject) && errors.As(err, new(*pgconn.ConnectError)):
+		// The server refused a setting of the start-up packet: pgx passes
+		// every keyword it does not know on as one, and a URL whose
+		// scheme it does not know is read as a keyword.
+		return fmt.Errorf("postgres %s: the server refused a parameter of the dsn (a misspelt keyword, or a URL whose scheme is not postgres:// or postgresql://, read as one): %w", op, err)
 	case errors.As(err, &pgErr) && pgErr.Code == undefinedTable:
 		hint := "create it with the statements `caddy idempotency schema` prints (docs/storage-postgres.md, The table), or turn create_table on"
 		if s.opts.CreateTable {
@@ -195,7 +212,34 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 		}
 		return fmt.Errorf("postgres %s: table %s does not exist (%s): %w", op, s.table, hint, err)
 	case errors.As(err, &pgErr) && pgErr.Code == undefinedColumn && !s.opts.CreateTable:
-		return fmt.Errorf("postgres %s: table %s lacks a column of this version (add it with the DDL from postgres.Schema: ALTER TABLE %s ADD COLUMN IF NOT EXISTS detail bytea): %w", op, s.table, s.table, err)
+		return fmt.Errorf("postgres %s: table %s lacks a column of this version (%s): %w", op, s.table, columnHint(s.table, pgErr.Message), err)
 	}
 	return fmt.Errorf("postgres %s: %w", op, err)
+}
+
+// columnHint says how to fix a table that lacks the column PostgreSQL's
+// message names (`column "detail" does not exist`).
+func columnHint(table, msg string) string {
+	_, col, _ := strings.Cut(msg, `"`)
+	col, _, _ = strings.Cut(col, `"`)
+	col = col[strings.LastIndexByte(col, '.')+1:]
+	if col == "detail" {
+		return "column detail: add it with the statements `caddy idempotency schema` prints, " +
+			"ALTER TABLE " + table + " ADD COLUMN IF NOT EXISTS detail bytea, or turn create_table on"
+	}
+	if col == "" {
+		col = "?"
+	}
+	return "column " + col + ": the table is not the one `caddy idempotency schema` prints (columns " + columnNames + "); " +
+		"create it with those statements, or turn create_table on"
+}
+
+// secretsOf returns the password of cc and those its connection string
+// holds, however pgx read it.
+func secretsOf(cc *pgx.ConnConfig) []string {
+	secrets := redact.Secrets(cc.ConnString())
+	if cc.Password != "" && !slices.Contains(secrets, cc.Password) {
+		secrets = append(secrets, cc.Password)
+	}
+	return secrets
 }

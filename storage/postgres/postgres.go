@@ -190,6 +190,10 @@ type Store struct {
 	closed atomic.Bool // set by Close
 	pinned bool        // the pool starts its sessions at READ COMMITTED
 
+	// secrets are the passwords of the pool's connection string, which
+	// every error is scrubbed of (see fail).
+	secrets []string
+
 	closeOnce   sync.Once
 	stop        context.CancelFunc // stops the cleanup goroutine
 	cleanupDone chan struct{}      // closed when it has returned
@@ -254,6 +258,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		stop:        stop,
 		cleanupDone: make(chan struct{}),
 		pinned:      pins(pool),
+		secrets:     secretsOf(pool.Config().ConnConfig),
 	}
 	// Batches in flight at once, of each kind: several, so that a batch
 	// held on a locked row (for at most LockWait) never holds up the
@@ -281,11 +286,18 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Ping implements storage.Pinger.
+// Ping implements storage.Pinger: it checks that the server answers and,
+// in one statement that reads no row, that the table and every column the
+// store uses exist (with CreateTable, once the table is created), so that
+// a table missing, or made by an older version, is named at start-up and
+// by the admin API rather than by every request.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
-	if err := s.pool.Ping(ctx); err != nil {
+	if err := s.ensureSchema(ctx); err != nil {
+		return s.fail(ctx, "ping", err)
+	}
+	if _, err := s.pool.Exec(ctx, s.sql.columns); err != nil {
 		return s.fail(ctx, "ping", err)
 	}
 	return nil

@@ -2,13 +2,16 @@ package postgres_test
 
 import (
 	"context"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/storagetest"
@@ -138,4 +141,79 @@ func completed(t testing.TB, s storage.Store, key storage.Key, ttl time.Duration
 	t.Helper()
 	tok := acquire(t, s, key, fpA, time.Minute)
 	ok(t, s.Complete(context.Background(), key, tok, &storage.Response{Status: 201, Body: []byte("done")}, ttl))
+}
+
+// Ping checks the table and every column the store uses, so that a
+// table missing or of an older version is named at start-up rather than
+// by every request (issue 28); with CreateTable it creates the table.
+func TestPingChecksTheTableAndItsColumns(t *testing.T) {
+	dsn := pgtest.Require(t)
+	ctx := context.Background()
+	missing := pgtest.Table(t, dsn)
+	err := openStore(t, testPool(t, dsn, 2), postgres.Options{Table: missing}).Ping(ctx)
+	for _, want := range []string{`table "` + missing + `" does not exist`, "caddy idempotency schema", "create_table"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Ping without the table: %v, want it to say %s", err, want)
+		}
+	}
+
+	for _, col := range []string{"detail", "body_omitted"} {
+		table := pgtest.Table(t, dsn)
+		ddl, err := postgres.Schema(table)
+		ok(t, err)
+		pgtest.Exec(t, dsn, ddl[0])
+		pgtest.Exec(t, dsn, "ALTER TABLE "+pgx.Identifier{table}.Sanitize()+" DROP COLUMN "+col)
+		err = openStore(t, testPool(t, dsn, 2), postgres.Options{Table: table}).Ping(ctx)
+		for _, want := range []string{`table "` + table + `" lacks a column`, "column " + col, "caddy idempotency schema", "create_table"} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("Ping without column %s: %v, want it to say %s", col, err, want)
+			}
+		}
+	}
+
+	created := pgtest.Table(t, dsn)
+	ok(t, openStore(t, testPool(t, dsn, 2), postgres.Options{Table: created, CreateTable: true}).Ping(ctx))
+	var n int
+	p := testPool(t, dsn, 1)
+	defer p.Close()
+	ok(t, p.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE tablename = $1", created).Scan(&n))
+	if n != 1 {
+		t.Errorf("Ping with CreateTable left no table %s", created)
+	}
+}
+
+// A DSN pgx misreads (a scheme typo makes the whole URL one keyword) goes
+// to the server as a setting's name, which its error quotes: every error
+// of the store is scrubbed of the DSN's password (issue 28).
+func TestErrorsNeverQuoteTheDSNsPassword(t *testing.T) {
+	dsn := pgtest.Require(t)
+	u, err := url.Parse(dsn)
+	if err != nil || u.Port() == "" {
+		testutil.Unavailable(t, "this test needs %s as a URL with host and port", pgtest.EnvDSN)
+	}
+	// pgx reads the misspelt URL as a parameter, and the host, the port
+	// and the user from the environment.
+	t.Setenv("PGHOST", u.Hostname())
+	t.Setenv("PGPORT", u.Port())
+	t.Setenv("PGUSER", u.User.Username())
+	const pw = "Zq7leak-pw"
+	typo := "postgress://" + u.User.Username() + ":" + pw + "@" + u.Host + "/test?sslmode=disable"
+	cfg, err := postgres.NewPoolConfig(typo, 2)
+	ok(t, err)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	ok(t, err)
+	s := openStore(t, pool, postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true})
+	key := storage.Key{Scope: "s", ID: "k"}
+	for op, run := range operations(s, key) {
+		err := run(context.Background())
+		if err == nil {
+			t.Fatalf("%s succeeded with a misread DSN", op)
+		}
+		if strings.Contains(err.Error(), pw) {
+			t.Errorf("%s: %v", op, err)
+		}
+		if op == "ping" && (!strings.Contains(err.Error(), "configuration parameter") || !strings.Contains(err.Error(), "scheme is not postgres://")) {
+			t.Errorf("%s: %v, want the server's refusal (else this test proves nothing)", op, err)
+		}
+	}
 }

@@ -28,7 +28,12 @@ type statements struct {
 	getByHash, deleteByHash, listInFlight     string
 	watch                                     string
 	cleanupBatch, tryCleanupLock, cleanupDone string
+	columns                                   string
 }
+
+// columnNames are the table's columns, every one of which the store reads
+// or writes.
+const columnNames = `scope, key, fingerprint, state, token, status, headers, body, body_omitted, created_at, expires_at, detail`
 
 // existing is the column list that describes a live record to a caller
 // that did not get it: whether the fingerprint matches, state, times, and
@@ -52,6 +57,9 @@ const byHash = keyHash + ` = $1`
 func newStatements(table string, lockWait time.Duration) statements {
 	q := func(s string) string { return strings.ReplaceAll(s, "{table}", table) }
 	return statements{
+		// columns reads no row, but fails naming the table, or the first
+		// column, that does not exist (Ping).
+		columns: q(`SELECT ` + columnNames + ` FROM {table} WHERE false`),
 		// guard opens every pipeline of reserves, completions and releases
 		// (see runBatch). Its UPDATE changes no row, but it takes the
 		// table's ROW EXCLUSIVE lock, the lock the statements after it

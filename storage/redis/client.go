@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -17,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 )
 
 // Client defaults, for ClientOptions fields left zero.
@@ -101,6 +103,18 @@ func (o ClientOptions) usesTLSFiles() bool {
 	return o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSKeyFile != "" || o.TLSServerName != ""
 }
 
+// Secrets returns the passwords o holds: Password, SentinelPassword and
+// those of URL and Addrs (however misspelt), for Options.Secrets.
+func (o ClientOptions) Secrets() []string {
+	secrets := redact.Secrets(strings.Join(append([]string{o.URL}, o.Addrs...), " "))
+	for _, pw := range []string{o.Password, o.SentinelPassword} {
+		if pw != "" && !slices.Contains(secrets, pw) {
+			secrets = append(secrets, pw)
+		}
+	}
+	return secrets
+}
+
 // url returns o.URL with a bare host:port read as redis://host:port.
 func (o ClientOptions) url() string {
 	if o.URL != "" && !strings.Contains(o.URL, "://") {
@@ -162,10 +176,11 @@ func CheckURL(u string, hasUsername, hasPassword bool) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return opterr.Errorf("url", "redis storage: invalid url: %v", err)
+		return opterr.Errorf("url", "redis storage: invalid url: %s", redact.Scrub(err.Error(), redact.Secrets(u)))
 	}
 	if _, err := goredis.ParseURL(u); err != nil {
-		return opterr.Errorf("url", "redis storage: invalid url: %v", err)
+		// go-redis quotes parts of the URL (its path, a query value).
+		return opterr.Errorf("url", "redis storage: invalid url: %s", redact.Scrub(err.Error(), redact.Secrets(u)))
 	}
 	if parsed.Scheme != "unix" && parsed.Hostname() == "" {
 		return opterr.New(errors.New("redis storage: invalid url: no host"), "url")
@@ -200,7 +215,7 @@ func ParseAddresses(entries []string) (addrs []string, useTLS bool, err error) {
 			if before, after, ok := strings.Cut(a, "://"); ok {
 				u, err := url.Parse(a)
 				if err != nil || (before != "redis" && before != "rediss") || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
-					return nil, false, fmt.Errorf("redis storage: address %q must be host:port, redis://host:port or rediss://host:port", a)
+					return nil, false, fmt.Errorf("redis storage: address %q must be host:port, redis://host:port or rediss://host:port", redact.DSN(a))
 				}
 				s, hostport = before, strings.TrimSuffix(after, "/")
 			}
@@ -281,7 +296,7 @@ func newClient(o ClientOptions, renew bool) (goredis.UniversalClient, error) {
 		}
 		opt, err := goredis.ParseURL(u)
 		if err != nil {
-			return nil, fmt.Errorf("redis storage: invalid url: %v", err)
+			return nil, fmt.Errorf("redis storage: invalid url: %s", redact.Scrub(err.Error(), redact.Secrets(u)))
 		}
 		if o.Username != "" {
 			opt.Username = o.Username

@@ -217,3 +217,33 @@ func TestBuildingAClientLooksNothingUp(t *testing.T) {
 		t.Fatalf("building clients looked up %q", got[before:])
 	}
 }
+
+// A misspelt url or address never quotes its password (issue 28): go-redis
+// and net/url quote parts of what they cannot read.
+func TestCheckNeverQuotesAPassword(t *testing.T) {
+	const pw = "s3cr3t-pw"
+	for _, o := range []redis.ClientOptions{
+		{URL: "redis//:" + pw + "@127.0.0.1:6379"},
+		{URL: "rediss:/:" + pw + "@127.0.0.1:6379"},
+		{URL: "redis:" + pw + "@127.0.0.1:6379"},
+		{URL: "redis://:" + pw + "@127.0.0.1:6379/0/" + pw},
+		{URL: "redis://:" + pw + "@127.0.0.1:6379/" + pw},
+		{URL: "redis://:" + pw + "@127.0.0.1:6379/0?dial_timeout=" + pw},
+		{URL: "redis://:" + pw + "@127.0.0.1:port"},
+		{URL: "redi://:" + pw + "@127.0.0.1:6379"},
+		{URL: "redis://:" + pw + "@127.0.0.1:6379", Password: pw},
+		{Addrs: []string{"127.0.0.1:26379", "redis://:" + pw + "@127.0.0.1:26380"}, MasterName: "m"},
+		{Addrs: []string{"redis://x:" + pw + "@127.0.0.1:26380/0"}, MasterName: "m"},
+	} {
+		err := o.Check()
+		if err == nil {
+			if _, err = redis.NewClient(o); err == nil {
+				t.Errorf("%+v: accepted", o)
+				continue
+			}
+		}
+		if strings.Contains(err.Error(), pw) {
+			t.Errorf("%+v: %v", o, err)
+		}
+	}
+}

@@ -10,8 +10,32 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
+
+// classify is classify with the error's message scrubbed of the client's
+// passwords (redact.Wrap): every error of the store's own leaves through
+// it.
+func (s *Store) classify(err error) error { return redact.Wrap(classify(err), s.secrets) }
+
+// secretsOf returns the passwords client was built with.
+func secretsOf(client goredis.UniversalClient) []string {
+	var pws []string
+	switch c := client.(type) {
+	case *goredis.Client:
+		pws = []string{c.Options().Password}
+	case *goredis.ClusterClient:
+		pws = []string{c.Options().Password}
+	}
+	var out []string
+	for _, pw := range pws {
+		if pw != "" {
+			out = append(out, pw)
+		}
+	}
+	return out
+}
 
 // classify wraps err in storage.ErrUnavailable when it means that Redis
 // could not be reached or could not answer in time, and returns it as it

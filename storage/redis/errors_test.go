@@ -279,3 +279,34 @@ func isNetError(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne)
 }
+
+// Every error of the store is scrubbed of its secrets (issue 28): here the
+// dead server's port stands for a password that a message would quote,
+// since neither Redis nor go-redis quotes a real one.
+func TestEveryOperationsErrorIsScrubbedOfTheSecrets(t *testing.T) {
+	srv := redistest.StartServer(t)
+	srv.Kill()
+	_, port, _ := net.SplitHostPort(srv.Addr)
+	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true})
+	s := New(client, Options{KeyPrefix: testPrefix(), Timeout: 5 * time.Second, Secrets: []string{port}})
+	t.Cleanup(func() { s.Close() })
+	ctx := t.Context()
+	key := storage.Key{Scope: "class", ID: "all"}
+	_, reserveErr := s.Reserve(ctx, key, fp, time.Minute)
+	_, getErr := s.Get(ctx, key, true)
+	_, byHashErr := s.GetByHash(ctx, key.Hash(), true)
+	batch := []storage.Renewal{{Key: key, Token: 1, Lease: time.Minute}}
+	for op, err := range map[string]error{
+		"Reserve":    reserveErr,
+		"Complete":   s.Complete(ctx, key, 1, &storage.Response{Status: 200}, time.Minute),
+		"Get":        getErr,
+		"GetByHash":  byHashErr,
+		"Wait":       s.Wait(ctx, key, time.Second),
+		"Ping":       s.Ping(ctx),
+		"RenewBatch": s.RenewBatch(ctx, batch),
+	} {
+		if err == nil || strings.Contains(err.Error(), port) || !errors.Is(err, storage.ErrUnavailable) {
+			t.Errorf("%s on a stopped Redis: %v, want an unavailable error without %s", op, err, port)
+		}
+	}
+}

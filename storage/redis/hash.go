@@ -92,7 +92,7 @@ func (s *Store) scanPrimaries(ctx context.Context, scan func(context.Context, go
 		err = scan(ctx, s.client)
 	}
 	if err != nil {
-		return fmt.Errorf("redis scan: %w", classify(err))
+		return fmt.Errorf("redis scan: %w", s.classify(err))
 	}
 	return nil
 }

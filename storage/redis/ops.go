@@ -223,7 +223,7 @@ func (s *Store) runKey(ctx context.Context, script *goredis.Script, name string,
 		if goredis.HasErrorPrefix(err, "CORRUPT") {
 			return nil, fmt.Errorf("%w: %v", storage.ErrCorrupt, err)
 		}
-		return nil, classify(err)
+		return nil, s.classify(err)
 	}
 	return v, nil
 }

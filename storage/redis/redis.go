@@ -101,6 +101,11 @@ type Options struct {
 	// ownership of it: Close closes it. Nil: renewals share the Store's
 	// client (still one pipeline per node and batch).
 	RenewClient goredis.UniversalClient
+
+	// Secrets are scrubbed from every error's message, besides the
+	// client's own password: those go-redis does not give back, such as
+	// a Sentinel's (ClientOptions.Secrets lists them all).
+	Secrets []string
 }
 
 // Check reports what is wrong with o. A KeyPrefix must not hold a brace:
@@ -127,6 +132,9 @@ type Store struct {
 	hub     *hub
 	pipe    *pipeliner
 	invalid error // why the options are refused; nil when they are not
+
+	// secrets are the client's passwords, which errors are scrubbed of.
+	secrets []string
 
 	renewTrips atomic.Int64 // pipelines of renewals sent to a node
 
@@ -163,6 +171,7 @@ func New(client goredis.UniversalClient, opts Options) *Store {
 		timeout: opts.Timeout,
 		hub:     newHub(client),
 		pipe:    newPipeliner(client),
+		secrets: append(secretsOf(client), opts.Secrets...),
 	}
 	if opts.RenewClient != nil {
 		s.renewer = opts.RenewClient
@@ -195,9 +204,9 @@ func (s *Store) Ping(ctx context.Context) error {
 		return s.invalid
 	}
 	if cc, ok := s.client.(*goredis.ClusterClient); ok {
-		return classify(cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error { return c.Ping(ctx).Err() }))
+		return s.classify(cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error { return c.Ping(ctx).Err() }))
 	}
-	return classify(s.client.Ping(ctx).Err())
+	return s.classify(s.client.Ping(ctx).Err())
 }
 
 // keyName returns the Redis key of a record: the prefix and the hex of the

@@ -96,7 +96,7 @@ func (s *Store) RenewBatch(ctx context.Context, batch []storage.Renewal) error {
 		v, err := c.Result()
 		switch {
 		case err != nil:
-			err = classify(err)
+			err = s.classify(err)
 			if errors.Is(err, storage.ErrUnavailable) || ctx.Err() != nil {
 				if unanswered == nil {
 					unanswered = err

@@ -70,7 +70,7 @@ func (s *Store) Wait(ctx context.Context, key storage.Key, maxWait time.Duration
 	channel := channelName(name)
 	conn, sub, err := s.hub.join(channel)
 	if err != nil {
-		return fmt.Errorf("redis wait: %w", classify(err))
+		return fmt.Errorf("redis wait: %w", s.classify(err))
 	}
 	defer s.hub.leave(conn, channel, sub)
 
@@ -79,7 +79,7 @@ func (s *Store) Wait(ctx context.Context, key storage.Key, maxWait time.Duration
 	select {
 	case <-sub.ready:
 	case <-conn.failed:
-		return fmt.Errorf("redis wait: %w", classify(conn.err))
+		return fmt.Errorf("redis wait: %w", s.classify(conn.err))
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-timer.C:
@@ -108,7 +108,7 @@ func (s *Store) Wait(ctx context.Context, key storage.Key, maxWait time.Duration
 	case <-timer.C:
 		return nil
 	case <-conn.failed:
-		return fmt.Errorf("redis wait: %w", classify(conn.err))
+		return fmt.Errorf("redis wait: %w", s.classify(conn.err))
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -1,0 +1,157 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
+)
+
+// A PostgreSQL store that cannot serve says why, at once, in caddy
+// validate's output, in caddy run's start-up log and in GET
+// /idempotency/stores (issue 28): a missing table or column (create_table
+// off), a wrong password, a closed port, a wrong database. Never the
+// "operation was canceled" or "closed pool" of a pool closed under its
+// ping. Validate accepts the configuration with a warning, as run starts
+// with one: the store may come up later.
+func TestAStoreThatCannotServeSaysWhy(t *testing.T) {
+	dsn := pgtest.Require(t)
+	u, err := url.Parse(dsn)
+	if err != nil || u.Port() == "" {
+		testutil.Unavailable(t, "these tests need %s as a URL with host and port", pgtest.EnvDSN)
+	}
+	at := func(edit func(u *url.URL)) string {
+		c := *u
+		edit(&c)
+		return c.String()
+	}
+	noDetail := pgtest.Table(t, dsn)
+	ddl, err := postgres.Schema(noDetail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, dsn, ddl[0])
+	pgtest.Exec(t, dsn, "ALTER TABLE "+pgx.Identifier{noDetail}.Sanitize()+" DROP COLUMN detail")
+	role, password := pgtest.Name("idem_pw_"), "right-pw"
+	requirePassword(t, dsn, role, password)
+	missing := pgtest.Table(t, dsn)
+
+	for _, tc := range []struct {
+		name, dsn, options string
+		want               []string // in the warning, and in the admin API's error
+	}{
+		{"missing table", dsn, "table " + missing + "\n\t\tcreate_table false",
+			[]string{`table \"` + missing + `\" does not exist`, "caddy idempotency schema", "create_table"}},
+		{"missing column", dsn, "table " + noDetail + "\n\t\tcreate_table false",
+			[]string{`table \"` + noDetail + `\" lacks a column`, "column detail", "caddy idempotency schema", "create_table"}},
+		{"wrong password", at(func(u *url.URL) { u.User = url.UserPassword(role, "wrong-pw") }), "",
+			[]string{"password authentication failed for user", "28P01"}},
+		{"closed port", at(func(u *url.URL) { u.Host = deadPort(t) }), "",
+			[]string{"connection refused"}},
+		{"wrong database", at(func(u *url.URL) { u.Path = "/nosuchdb" }), "",
+			[]string{`database \"nosuchdb\" does not exist`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			storage := "storage postgres {\n\t\tdsn \"" + tc.dsn + "\"\n\t\t" + tc.options + "\n\t}"
+			up := newUpstream(t)
+			s := site{routes: route(up, storage)}
+			wrong := func(what, out string) {
+				t.Helper()
+				for _, w := range tc.want {
+					if !strings.Contains(out, w) {
+						t.Errorf("%s does not say %s:\n%s", what, w, tail(out, 20))
+					}
+				}
+				for _, bad := range []string{"operation was canceled", "closed pool", "context canceled"} {
+					if strings.Contains(out, bad) {
+						t.Errorf("%s says %q instead of the cause:\n%s", what, bad, tail(out, 20))
+					}
+				}
+			}
+
+			ok, out := caddyValidate(t, "{\n\tadmin off\n\tpersist_config off\n}\n\n"+s.config(8080).Sites, "caddyfile")
+			if !ok || !strings.Contains(out, "Valid configuration") {
+				t.Errorf("caddy validate refused it (an unusable store is a warning, as at start-up):\n%s", tail(out, 20))
+			}
+			if !strings.Contains(out, `"msg":"idempotency store not usable`) && !strings.Contains(out, `"msg":"idempotency store unreachable`) {
+				t.Errorf("caddy validate did not warn of the store:\n%s", tail(out, 20))
+			}
+			wrong("caddy validate", out)
+
+			inst := startCaddy(t, "caddy", s)
+			testutil.Eventually(t, 20*time.Second, "the start-up warning", func() bool {
+				return strings.Contains(inst.Log(), `"msg":"idempotency store not usable`) || strings.Contains(inst.Log(), `"msg":"idempotency store unreachable`)
+			})
+			wrong("the start-up warning", inst.Log())
+			if n := strings.Count(inst.Log(), `"msg":"idempotency store not usable`) + strings.Count(inst.Log(), `"msg":"idempotency store unreachable`); n != 1 {
+				t.Errorf("%d start-up warnings, want 1", n)
+			}
+			_, body := adminGet(t, inst, "/idempotency/stores")
+			var stores []struct {
+				Ping struct {
+					OK    bool   `json:"ok"`
+					Error string `json:"error"`
+				} `json:"ping"`
+			}
+			if err := json.Unmarshal(body, &stores); err != nil || len(stores) != 1 {
+				t.Fatalf("GET /idempotency/stores: %v: %s", err, body)
+			}
+			if stores[0].Ping.OK {
+				t.Errorf("GET /idempotency/stores says ok: %s", body)
+			}
+			b, _ := json.Marshal(stores[0].Ping.Error) // the log's JSON escaping, for the same wants
+			wrong("GET /idempotency/stores", string(b))
+		})
+	}
+}
+
+// requirePassword creates role with password and has the server ask it
+// for its password (scram-sha-256), whatever the rest of pg_hba.conf says;
+// both are undone when the test ends. pg_hba.conf is rewritten by the
+// server (COPY ... TO, as a superuser), so that a server of another user
+// or host works too.
+func requirePassword(t *testing.T, dsn, role, password string) {
+	t.Helper()
+	var orig string
+	pgQuery(t, "SELECT pg_read_file(current_setting('hba_file'))", func(r pgx.Rows) error { return r.Scan(&orig) })
+	if strings.Contains(orig, `\`) {
+		testutil.Unavailable(t, "pg_hba.conf holds a backslash, which COPY would escape")
+	}
+	write := func(content string) {
+		lines := strings.Split(strings.ReplaceAll(strings.TrimRight(content, "\n"), "\t", " "), "\n")
+		array, err := json.Marshal(lines)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pgtest.Exec(t, dsn, "DO $do$ BEGIN EXECUTE format('COPY (SELECT unnest(ARRAY(SELECT json_array_elements_text(%L::json)))) TO %L', "+
+			pgQuote(string(array))+", current_setting('hba_file')); END $do$")
+		pgtest.Exec(t, dsn, "SELECT pg_reload_conf()")
+	}
+	pgtest.Exec(t, dsn, "CREATE ROLE "+role+" LOGIN PASSWORD "+pgQuote(password))
+	t.Cleanup(func() {
+		write(orig)
+		pgtest.Exec(t, dsn, "DROP ROLE IF EXISTS "+role)
+	})
+	write("host all " + role + " all scram-sha-256\n" + orig)
+	// The reload is asynchronous: wait until the role is asked for its
+	// password.
+	testutil.Eventually(t, 10*time.Second, "pg_hba.conf to ask "+role+" for a password", func() bool {
+		c := strings.Replace(dsn, "postgres://postgres@", "postgres://"+role+":wrong@", 1)
+		conn, err := pgx.Connect(t.Context(), c)
+		if err == nil {
+			conn.Close(t.Context())
+			return false
+		}
+		return strings.Contains(err.Error(), "password authentication failed")
+	})
+}
+
+// pgQuote quotes s as an SQL string literal.
+func pgQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
