@@ -3,6 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -115,10 +117,18 @@ func TestAStoreThatCannotServeSaysWhy(t *testing.T) {
 // requirePassword creates role with password and has the server ask it
 // for its password (scram-sha-256), whatever the rest of pg_hba.conf says;
 // both are undone when the test ends. pg_hba.conf is rewritten by the
-// server (COPY ... TO, as a superuser), so that a server of another user
-// or host works too.
+// server (COPY ... TO, as a superuser), since the server runs as another
+// user; only a throwaway server's, never a system's.
 func requirePassword(t *testing.T, dsn, role, password string) {
 	t.Helper()
+	// Only a throwaway server of the test run's own (make test's
+	// testservers, in the temporary directory) has its pg_hba.conf
+	// changed: a system's configuration is never touched.
+	var hbaFile string
+	pgQuery(t, "SELECT current_setting('hba_file')", func(r pgx.Rows) error { return r.Scan(&hbaFile) })
+	if rel, err := filepath.Rel(os.TempDir(), hbaFile); err != nil || strings.HasPrefix(rel, "..") {
+		testutil.Unavailable(t, "the PostgreSQL server's pg_hba.conf (%s) is not a throwaway server's (under %s): run with make test's private servers", hbaFile, os.TempDir())
+	}
 	var orig string
 	pgQuery(t, "SELECT pg_read_file(current_setting('hba_file'))", func(r pgx.Rows) error { return r.Scan(&orig) })
 	if strings.Contains(orig, `\`) {
