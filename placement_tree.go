@@ -3,7 +3,7 @@ package idempotency
 import (
 	"encoding/json"
 	"slices"
-	"strings"
+	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -52,8 +52,7 @@ type pHandler struct {
 	invoke   string   // the named route an invoke runs
 	isIdem   bool
 	strict   bool
-	idem     *Handler // the provisioned handler, nil while raw
-	response int      // static_response's status code, 0 if none or not a number
+	response int // static_response's status code, 0 if none or a placeholder
 }
 
 // readServers reads the servers of an HTTP app, in name order.
@@ -182,17 +181,9 @@ func rawHandler(raw json.RawMessage) pHandler {
 	case "idempotency":
 		out.isIdem, out.strict = true, h.Strict
 	case "static_response":
-		var code json.Number
+		var code caddyhttp.WeakString
 		if json.Unmarshal(h.StatusCode, &code) == nil {
-			n, _ := code.Int64()
-			out.response = int(n)
-		} else {
-			var s string
-			if json.Unmarshal(h.StatusCode, &s) == nil {
-				var n json.Number = json.Number(strings.TrimSpace(s))
-				v, _ := n.Int64()
-				out.response = int(v)
-			}
+			out.response, _ = strconv.Atoi(string(code))
 		}
 	}
 	return out
@@ -207,27 +198,17 @@ func typedHandler(h caddyhttp.MiddlewareHandler) pHandler {
 		out.routes = readRoutes(h.Routes)
 	case *reverseproxy.Handler:
 		out.passes = len(h.HandleResponse) > 0
-		_, out.fastcgi = transportIsFastCGI(h)
+		if m, ok := h.Transport.(caddy.Module); ok {
+			out.fastcgi = m.CaddyModule().ID.Name() == "fastcgi"
+		}
 	case *fileserver.FileServer:
 		out.passes = h.PassThru
 	case *caddyhttp.Invoke:
 		out.invoke = h.Name
 	case *Handler:
-		out.isIdem, out.strict, out.idem = true, h.Strict, h
+		out.isIdem, out.strict = true, h.Strict
 	case *caddyhttp.StaticResponse:
-		n, _ := json.Number(strings.TrimSpace(string(h.StatusCode))).Int64()
-		out.response = int(n)
+		out.response, _ = strconv.Atoi(string(h.StatusCode))
 	}
 	return out
-}
-
-// transportIsFastCGI tells a provisioned php_fastcgi from a reverse_proxy
-// by its transport's module name.
-func transportIsFastCGI(h *reverseproxy.Handler) (string, bool) {
-	m, ok := h.Transport.(caddy.Module)
-	if !ok {
-		return "", false
-	}
-	name := m.CaddyModule().ID.Name()
-	return name, name == "fastcgi"
 }

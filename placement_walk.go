@@ -11,7 +11,6 @@ import (
 // requests it is meant for: a handler reached before it answers them.
 type misplaced struct {
 	strict     bool
-	handler    *Handler // nil while the handler was raw JSON
 	server     string
 	site       string   // the site's address: api.example.com, 127.0.0.1:8080, :8080
 	blocks     []string // the blocks on the way to it: handle /api/*, route, &(api), handle_errors
@@ -227,7 +226,7 @@ func (w *placementWalker) named(name string, c walkCtx) (all, some answeredAt) {
 
 // report records a misplaced handler and the fix.
 func (w *placementWalker) report(h *pHandler, c walkCtx, blocks []string, a answeredAt) {
-	m := misplaced{strict: h.strict, handler: h.idem, server: c.server, site: c.site, blocks: blocks, answeredBy: a.by}
+	m := misplaced{strict: h.strict, server: c.server, site: c.site, blocks: blocks, answeredBy: a.by}
 	switch {
 	case a.depth < c.depth:
 		// Answered in an enclosing block, before the one holding it.

@@ -19,8 +19,8 @@ import (
 // misplacedLog is the start of the warning logged for a misplaced handler.
 const misplacedLog = "an idempotency handler can never run"
 
-// placements are the three ways of misplacing the directive, and the
-// right one.
+// placements are four ways of misplacing the directive, and the right
+// one.
 func placements(up *caddyproc.Upstream) []struct {
 	name, globals, routes string
 	misplaced             bool
@@ -33,6 +33,8 @@ func placements(up *caddyproc.Upstream) []struct {
 		{"order idempotency last", "order idempotency last", "\tidempotency\n" + proxy, true},
 		{"order idempotency after reverse_proxy", "order idempotency after reverse_proxy", "\tidempotency\n" + proxy, true},
 		{"route with reverse_proxy first", "", "\troute {\n\t" + proxy + "\t\tidempotency\n\t}\n", true},
+		// Every request runs one of the handle blocks, and each answers.
+		{"order idempotency last, handle blocks and a fallback", "order idempotency last", "\tidempotency\n\thandle /orders* {\n\t" + proxy + "\t}\n\thandle {\n\t\trespond 404\n\t}\n", true},
 		{"the directive's own order", "", "\tidempotency\n" + proxy, false},
 	}
 }
