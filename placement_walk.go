@@ -87,11 +87,20 @@ func (w *placementWalker) list(routes []pRoute, c walkCtx) (all, some answeredAt
 	all, some = c.all, c.some
 	done := map[string]bool{}        // groups whose fallback was passed: their later routes never run
 	broken := map[string]bool{}      // groups with a matched route that lets requests through
-	first := map[string]answeredAt{} // each group's first answeredAt
+	first := map[string]answeredAt{} // each group's first answer
+	start := map[string]answeredAt{} // what answered some requests before each group: its routes exclude each other
 	for i := range routes {
 		r := &routes[i]
 		if r.group != "" && done[r.group] {
 			continue
+		}
+		someIn := some
+		if r.group != "" {
+			if s, ok := start[r.group]; ok {
+				someIn = s
+			} else {
+				start[r.group] = some
+			}
 		}
 		rc := c
 		if hosts := matcherHosts(r.match); len(hosts) > 0 && c.wrappers {
@@ -101,7 +110,7 @@ func (w *placementWalker) list(routes []pRoute, c walkCtx) (all, some answeredAt
 		var rAll, rSome answeredAt
 		for j := range r.handlers {
 			h := &r.handlers[j]
-			beforeAll, beforeSome := firstOf(all, rAll), firstOf(some, rSome)
+			beforeAll, beforeSome := firstOf(all, rAll), firstOf(someIn, rSome)
 			switch {
 			case h.isIdem:
 				if w.quiet > 0 {

@@ -117,6 +117,7 @@ func TestMisplacementInAdaptedCaddyfiles(t *testing.T) {
 		{name: "invoke after idempotency", outside: api, body: "route {\nidempotency\ninvoke api\n}"},
 		{name: "idempotency in a named route, own order", outside: "&(api) {\nidempotency\n" + up + "}\n", body: "invoke api"},
 		{name: "handle_errors, own order", body: "respond 500\nhandle_errors {\nidempotency\n" + up + "}"},
+		{name: "handle blocks exclude each other", body: "handle /api/* {\n" + up + "}\nhandle /pay/* {\nidempotency\n}\nhandle {\nidempotency\n" + up + "}"},
 		{name: "handle_errors answering, idempotency in the site", body: "idempotency\n" + up + "handle_errors {\nrespond 502\n}"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
