@@ -287,6 +287,9 @@ func mayAnswerAfter(routes []pRoute, i, j int, after bool) bool {
 		}
 	}
 	for _, r := range routes[i+1:] {
+		if r.group != "" && r.group == routes[i].group {
+			continue // a request that ran routes[i] runs no other route of its group
+		}
 		for _, h := range r.handlers {
 			if mayAnswer(&h) {
 				return true

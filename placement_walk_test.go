@@ -70,6 +70,9 @@ func TestMisplacementInAdaptedCaddyfiles(t *testing.T) {
 		{name: "order idempotency last, in a handle block", globals: "order idempotency last",
 			body:  "handle /api/* {\nidempotency\n" + up + "}\nhandle {\nrespond 404\n}",
 			route: "handle /api/*", answeredBy: "reverse_proxy", fix: orderLine("reverse_proxy")},
+		{name: "order idempotency last, in a handle block before another", globals: "order idempotency last",
+			body:  "handle /pay/* {\nidempotency\nreverse_proxy /pay/card 127.0.0.1:9\n}\nhandle {\n" + up + "}",
+			route: "handle /pay/*", answeredBy: "reverse_proxy", fix: orderLine("reverse_proxy")},
 		{name: "order idempotency last, handle blocks without a fallback", globals: "order idempotency last",
 			body:  "idempotency\nhandle /api/* {\n" + up + "}",
 			route: "the site block", answeredBy: "reverse_proxy", fix: orderLine("handle")},
@@ -117,7 +120,9 @@ func TestMisplacementInAdaptedCaddyfiles(t *testing.T) {
 		{name: "invoke after idempotency", outside: api, body: "route {\nidempotency\ninvoke api\n}"},
 		{name: "idempotency in a named route, own order", outside: "&(api) {\nidempotency\n" + up + "}\n", body: "invoke api"},
 		{name: "handle_errors, own order", body: "respond 500\nhandle_errors {\nidempotency\n" + up + "}"},
-		{name: "handle blocks exclude each other", body: "handle /api/* {\n" + up + "}\nhandle /pay/* {\nidempotency\n}\nhandle {\nidempotency\n" + up + "}"},
+		// (An idempotency with nothing after it is the opposite mistake,
+		// warned of when it records an empty answer.)
+		{name: "handle blocks exclude each other", body: "handle /api/* {\n" + up + "}\nhandle /pay/* {\nidempotency\n}"},
 		{name: "handle_errors answering, idempotency in the site", body: "idempotency\n" + up + "handle_errors {\nrespond 502\n}"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
