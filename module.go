@@ -196,13 +196,14 @@ type Handler struct {
 	// Retry-After is set on 409, 429 and 503 either way.
 	Errors string `json:"errors,omitempty"`
 
-	// Refuse the config (at start, and a reload to it) when this handler
-	// can never run before the handler that answers its requests: a
-	// terminal handler such as reverse_proxy earlier in its route, or in
-	// an earlier route that matches every request. Without it such a
-	// config loads, and an error naming the site and route is logged at
-	// start and on every reload. The Caddyfile sets it on every
-	// idempotency directive with the global option `idempotency { strict }`.
+	// Refuse the config (caddy validate, start, and a reload to it) when
+	// this handler can never run before the handler that answers its
+	// requests: a terminal handler such as reverse_proxy reached first on
+	// its path (earlier in its route, in an enclosing block, in handle
+	// blocks that all answer, through an invoke). Without it such a config
+	// loads, and a warning naming the site, the route and the fix is
+	// logged. The Caddyfile sets it on every idempotency directive with
+	// the global option `idempotency { strict }`.
 	Strict bool `json:"strict,omitempty"`
 
 	// A JSON Pointer (RFC 6901) into the request body where the key is

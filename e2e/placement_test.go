@@ -16,11 +16,11 @@ import (
 // (site and route) at start and on every reload, and with the global
 // option `idempotency { strict }` refuses the config.
 
-// misplacedLog is the start of the error logged for a misplaced handler.
+// misplacedLog is the start of the warning logged for a misplaced handler.
 const misplacedLog = "an idempotency handler can never run"
 
-// placements are the three ways of misplacing the directive, and the
-// right one.
+// placements are four ways of misplacing the directive, and the right
+// one.
 func placements(up *caddyproc.Upstream) []struct {
 	name, globals, routes string
 	misplaced             bool
@@ -33,6 +33,8 @@ func placements(up *caddyproc.Upstream) []struct {
 		{"order idempotency last", "order idempotency last", "\tidempotency\n" + proxy, true},
 		{"order idempotency after reverse_proxy", "order idempotency after reverse_proxy", "\tidempotency\n" + proxy, true},
 		{"route with reverse_proxy first", "", "\troute {\n\t" + proxy + "\t\tidempotency\n\t}\n", true},
+		// Every request runs one of the handle blocks, and each answers.
+		{"order idempotency last, handle blocks and a fallback", "order idempotency last", "\tidempotency\n\thandle /orders* {\n\t" + proxy + "\t}\n\thandle {\n\t\trespond 404\n\t}\n", true},
 		{"the directive's own order", "", "\tidempotency\n" + proxy, false},
 	}
 }
@@ -61,7 +63,7 @@ func TestMisplacedIdempotencyIsNamedAtStartAndOnEveryReload(t *testing.T) {
 			if n != 2 {
 				t.Fatalf("logged the misplacement %d times, want once at start and once on the reload", n)
 			}
-			for _, want := range []string{`"server":"srv0"`, `"route":"routes[0]`, `"answered_by":"reverse_proxy"`} {
+			for _, want := range []string{`"server":"srv0"`, fmt.Sprintf(`"site":"127.0.0.1:%d"`, inst.Port), `"answered_by":"reverse_proxy"`, `"fix":"`} {
 				if !strings.Contains(inst.Log(), want) {
 					t.Errorf("the error does not name %s", want)
 				}
@@ -96,7 +98,7 @@ func TestStrictRefusesAMisplacedIdempotency(t *testing.T) {
 				inst.Stop()
 				t.Fatal("strict started a config whose idempotency handler can never run")
 			}
-			if !strings.Contains(err.Error(), "strict: idempotency handlers that can never run") {
+			if !strings.Contains(err.Error(), "strict: "+misplacedLog) {
 				t.Fatalf("start failed, but not for the misplacement: %v", err)
 			}
 
@@ -112,6 +114,92 @@ func TestStrictRefusesAMisplacedIdempotency(t *testing.T) {
 			if r := post(running.URL(), "/orders", key, `{}`); !r.isReplayOf(1) {
 				t.Fatalf("after the refused reload: %s, want the replay", describe(r))
 			}
+		})
+	}
+}
+
+// TestValidateNamesMisplacementAsRunDoes: `caddy validate` provisions the
+// config but starts no app; it gives the outcome `caddy run` gives, for
+// each shape of misplacement: a warning naming the site, the route and the
+// fix (and "Valid configuration") without strict, the same sentence as an
+// error and a failing exit status with it.
+func TestValidateNamesMisplacementAsRunDoes(t *testing.T) {
+	up := newUpstream(t)
+	proxy := "reverse_proxy " + up.Addr
+	for _, tt := range []struct {
+		name, globals, named, routes string
+		route, fix                   string
+	}{
+		{name: "route with idempotency after reverse_proxy",
+			routes: "route {\n" + proxy + "\nidempotency\n}",
+			route:  "route", fix: "move `idempotency` before `reverse_proxy` in this route"},
+		{name: "order idempotency last, handle blocks and a fallback handle", globals: "order idempotency last",
+			routes: "idempotency\nhandle /orders* {\n" + proxy + "\n}\nhandle {\nrespond 404\n}",
+			route:  "the site block", fix: "change the `order` line: `order idempotency before handle`"},
+		{name: "order idempotency last, in handle blocks", globals: "order idempotency last",
+			routes: "handle /orders* {\nidempotency\n" + proxy + "\n}\nhandle {\nrespond 404\n}",
+			route:  "handle /orders*", fix: "change the `order` line: `order idempotency before reverse_proxy`"},
+		{name: "invoke of a named route", named: "&(api) {\n" + proxy + "\n}\n",
+			routes: "route {\ninvoke api\nidempotency\n}",
+			route:  "route", fix: "move `idempotency` before `invoke api` in this route"},
+		{name: "handle_errors", globals: "order idempotency last",
+			routes: "error /orders* 502\nhandle_errors {\nidempotency\n" + proxy + "\n}",
+			route:  "handle_errors", fix: "change the `order` line: `order idempotency before reverse_proxy`"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			port, err := caddyproc.FreePort()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := func(strict bool) caddyproc.Config {
+				g := tt.globals
+				if strict {
+					g += "\nidempotency {\n\tstrict\n}"
+				}
+				return caddyproc.Config{Globals: g, Sites: tt.named + fmt.Sprintf("http://:%d {\n\tbind 127.0.0.1\n%s\n}\n", port, tt.routes)}
+			}
+			wants := []string{
+				fmt.Sprintf("%s (site 127.0.0.1:%d, %s)", misplacedLog, port, tt.route),
+				"fix: " + tt.fix,
+			}
+			saysAll := func(what, out string) {
+				t.Helper()
+				for _, want := range wants {
+					if !strings.Contains(out, want) {
+						t.Errorf("%s does not say %q:\n%s", what, want, tail(out, 12))
+					}
+				}
+			}
+			for _, strict := range []bool{false, true} {
+				c := cfg(strict)
+				ok, out := caddyValidate(t, "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n"+c.Globals+"\n}\n\n"+c.Sites, "caddyfile")
+				switch {
+				case !strict && !ok:
+					t.Fatalf("caddy validate refused a config without strict:\n%s", tail(out, 12))
+				case !strict && !strings.Contains(out, "Valid configuration"):
+					t.Fatalf("caddy validate did not say Valid configuration:\n%s", tail(out, 12))
+				case strict && ok:
+					t.Fatalf("caddy validate accepted a misplaced idempotency with strict:\n%s", tail(out, 12))
+				}
+				saysAll(fmt.Sprintf("caddy validate (strict %v)", strict), out)
+			}
+
+			// caddy run: the same warning, and with strict the same refusal.
+			inst, err := caddyproc.Start(caddyBin, t.TempDir(), "caddy", port, cfg(false))
+			if err != nil {
+				t.Fatalf("caddy run refused a config without strict: %v", err)
+			}
+			testutil.Eventually(t, 30*time.Second, "the misplacement warning", func() bool {
+				return strings.Contains(inst.Log(), misplacedLog)
+			})
+			inst.Stop()
+			saysAll("caddy run", inst.Log())
+			inst, err = caddyproc.Start(caddyBin, t.TempDir(), "strict", port, cfg(true))
+			if err == nil {
+				inst.Stop()
+				t.Fatal("caddy run started a misplaced idempotency with strict")
+			}
+			saysAll("caddy run (strict)", err.Error())
 		})
 	}
 }

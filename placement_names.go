@@ -1,0 +1,93 @@
+package idempotency
+
+import (
+	"encoding/json"
+	"net"
+	"slices"
+	"strings"
+)
+
+// How the placement check names a site and a route: as the Caddyfile
+// wrote them (api.example.com, handle /api/*), not as JSON paths.
+
+// listenSite names a server's site by its listen addresses (:8080), for
+// sites without a host.
+func listenSite(listen []string) string {
+	if len(listen) == 0 {
+		return "(every host)"
+	}
+	return strings.Join(listen, ", ")
+}
+
+// hostSite names a site by its hosts, with the port its server listens
+// on when that is neither 80 nor 443 (127.0.0.1:8080).
+func hostSite(hosts []string, listen string) string {
+	port := ""
+	if _, p, err := net.SplitHostPort(listen); err == nil && p != "80" && p != "443" && !strings.Contains(listen, ", ") {
+		port = p
+	}
+	out := make([]string, len(hosts))
+	for i, h := range hosts {
+		out[i] = h
+		if port != "" {
+			out[i] = net.JoinHostPort(h, port)
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+// matcherHosts lists the hosts of the host matchers of sets.
+func matcherHosts(sets []pMatcherSet) []string {
+	var hosts []string
+	for _, set := range sets {
+		for _, m := range set {
+			if m.name != "host" {
+				continue
+			}
+			var hs []string
+			if json.Unmarshal(m.value, &hs) == nil {
+				hosts = append(hosts, hs...)
+			}
+		}
+	}
+	return hosts
+}
+
+// describeMatch writes the matchers other than host as a Caddyfile would
+// (/api/*, method POST); sets are alternatives.
+func describeMatch(sets []pMatcherSet) string {
+	var alts []string
+	for _, set := range sets {
+		var parts []string
+		for _, m := range set {
+			if m.name == "host" {
+				continue
+			}
+			parts = append(parts, describeMatcher(m))
+		}
+		if len(parts) > 0 {
+			alts = append(alts, strings.Join(parts, " "))
+		}
+	}
+	slices.Sort(alts)
+	return strings.Join(slices.Compact(alts), " or ")
+}
+
+func describeMatcher(m pMatcher) string {
+	var list []string
+	if json.Unmarshal(m.value, &list) == nil {
+		if m.name == "path" {
+			return strings.Join(list, " ")
+		}
+		return m.name + " " + strings.Join(list, " ")
+	}
+	var expr string
+	if m.name == "expression" && json.Unmarshal(m.value, &expr) == nil {
+		// handle_errors 404 502 matches {http.error.status_code} in [404, 502].
+		if codes, ok := strings.CutPrefix(expr, "{http.error.status_code} in ["); ok {
+			return strings.ReplaceAll(strings.TrimSuffix(codes, "]"), ",", "")
+		}
+		return "expression " + expr
+	}
+	return m.name + " " + string(m.value)
+}
