@@ -334,6 +334,15 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// DurabilityReporter is implemented by stores that can say what protects
+// their records across a failover of their server (its role, replicas,
+// persistence, the store's own durability option), for the start-up log
+// and GET /idempotency/stores. The answer is marshalled as JSON; it never
+// fails as a whole: what the server would not say is "unknown".
+type DurabilityReporter interface {
+	Durability(ctx context.Context) any
+}
+
 // HashFinder is implemented by stores that can find records from the Hash
 // of their key alone: how an operator gets from a log line (key_hash) to
 // a record without the client's key or credentials. It may scan the whole

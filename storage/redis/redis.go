@@ -101,6 +101,10 @@ type Options struct {
 	// ownership of it: Close closes it. Nil: renewals share the Store's
 	// client (still one pipeline per node and batch).
 	RenewClient goredis.UniversalClient
+
+	// Durability makes reservations and completions wait until replicas
+	// acknowledged them (durability.go); the zero value waits for none.
+	Durability Durability
 }
 
 // Check reports what is wrong with o. A KeyPrefix must not hold a brace:
@@ -114,7 +118,7 @@ func (o Options) Check() error {
 	case o.Timeout < 0:
 		return opterr.Errorf("timeout", "redis storage: timeout must be positive, got %v", o.Timeout)
 	}
-	return nil
+	return o.Durability.Check(o.Timeout)
 }
 
 // Store is a storage.Store and storage.Waiter on Redis. It owns its client:
@@ -124,9 +128,11 @@ type Store struct {
 	renewer goredis.UniversalClient // RenewBatch's client: Options.RenewClient, or client
 	prefix  string
 	timeout time.Duration
-	hub     *hub
-	pipe    *pipeliner
-	invalid error // why the options are refused; nil when they are not
+	// durability is Options.Durability.
+	durability Durability
+	hub        *hub
+	pipe       *pipeliner
+	invalid    error // why the options are refused; nil when they are not
 
 	renewTrips atomic.Int64 // pipelines of renewals sent to a node
 
@@ -157,12 +163,13 @@ func New(client goredis.UniversalClient, opts Options) *Store {
 		opts.KeyPrefix = DefaultKeyPrefix
 	}
 	s := &Store{
-		client:  client,
-		renewer: client,
-		prefix:  opts.KeyPrefix,
-		timeout: opts.Timeout,
-		hub:     newHub(client),
-		pipe:    newPipeliner(client),
+		client:     client,
+		renewer:    client,
+		prefix:     opts.KeyPrefix,
+		timeout:    opts.Timeout,
+		durability: opts.Durability,
+		hub:        newHub(client),
+		pipe:       newPipeliner(client, opts.Durability),
 	}
 	if opts.RenewClient != nil {
 		s.renewer = opts.RenewClient
