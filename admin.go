@@ -55,6 +55,10 @@ type storeInfo struct {
 	Backend  string    `json:"backend"`
 	Handlers int       `json:"handlers"`
 	Ping     *pingView `json:"ping,omitempty"` // none for a store that cannot be pinged
+	// Durability is what protects the store's records across a failover
+	// of its server, as the store says (storage.DurabilityReporter);
+	// asked with the ping, so absent with ping=false.
+	Durability any `json:"durability,omitempty"`
 }
 
 // pingView is a store's last ping as the admin API shows it.
@@ -76,18 +80,23 @@ func (adminAPI) handleStores(w http.ResponseWriter, r *http.Request) error {
 		return apiError(http.StatusMethodNotAllowed, "use GET")
 	}
 	live := slices.Collect(backend.Live(""))
+	facts := make([]any, len(live))
 	if r.URL.Query().Get("ping") != "false" {
 		ctx, cancel := context.WithTimeout(r.Context(), adminPingTimeout)
 		defer cancel()
 		var wg sync.WaitGroup
-		for _, s := range live {
-			wg.Go(func() { s.Ping(ctx) })
+		for i, s := range live {
+			wg.Go(func() {
+				if s.Ping(ctx).Err == nil {
+					facts[i] = s.Durability(ctx)
+				}
+			})
 		}
 		wg.Wait()
 	}
 	list := []storeInfo{}
-	for _, s := range live {
-		info := storeInfo{ID: s.ID, Backend: s.Backend, Handlers: s.Handlers}
+	for i, s := range live {
+		info := storeInfo{ID: s.ID, Backend: s.Backend, Handlers: s.Handlers, Durability: facts[i]}
 		if p := s.LastPing(); !p.At.IsZero() {
 			info.Ping = &pingView{OK: p.Err == nil, At: p.At.UTC(), TookMS: float64(p.Took.Microseconds()) / 1000}
 			if p.Err != nil {

@@ -128,12 +128,10 @@ type Pooled struct {
 // for it, but an unreachable store is named in a warning at once rather
 // than at the first request.
 func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where string, open func() (storage.Store, error)) error {
-	raw, err := json.Marshal(config)
+	key, err := StoreID(backend, config)
 	if err != nil {
-		return fmt.Errorf("%s storage: hashing the configuration: %w", backend, err)
+		return err
 	}
-	sum := sha256.Sum256(raw)
-	key := backend + ":" + hex.EncodeToString(sum[:12])
 	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		s, err := open()
 		if err != nil {
@@ -154,6 +152,18 @@ func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where s
 	return nil
 }
 
+// StoreID is the pool's name for the store of backend with config, as
+// Acquire names it (Pooled.StoreID): for an open function that needs the
+// name before Acquire returns (a metric's label).
+func StoreID(backend string, config any) (string, error) {
+	raw, err := json.Marshal(config)
+	if err != nil {
+		return "", fmt.Errorf("%s storage: hashing the configuration: %w", backend, err)
+	}
+	sum := sha256.Sum256(raw)
+	return backend + ":" + hex.EncodeToString(sum[:12]), nil
+}
+
 // startPingTimeout bounds the ping of a store just opened.
 const startPingTimeout = 5 * time.Second
 
@@ -164,7 +174,29 @@ func (p *pooledStore) pingAtStart(logger *zap.Logger, id, where string) {
 	if r := p.ping(ctx); r.Err != nil {
 		logger.Warn("idempotency store unreachable; requests using it follow on_storage_error until it answers",
 			zap.String("backend", p.backend), zap.String("store", id), zap.String("address", where), zap.Error(r.Err))
+		return
 	}
+	if facts := durability(ctx, p.Store); facts != nil {
+		logger.Info("idempotency store durability", zap.String("backend", p.backend), zap.String("store", id),
+			zap.String("address", where), zap.Any("durability", facts))
+	}
+}
+
+// durability returns what s (or the store it wraps, under a replay
+// cache) says protects its records across a failover
+// (storage.DurabilityReporter); nil when it cannot say.
+func durability(ctx context.Context, s storage.Store) any {
+	for s != nil {
+		if r, ok := s.(storage.DurabilityReporter); ok {
+			return r.Durability(ctx)
+		}
+		u, ok := s.(interface{ Unwrap() storage.Store })
+		if !ok {
+			return nil
+		}
+		s = u.Unwrap()
+	}
+	return nil
 }
 
 // Store implements Backend.
@@ -222,6 +254,11 @@ func (s LiveStore) LastPing() PingResult {
 // Ping pings the store now (a zero result for a store that cannot be
 // pinged), and records the result as its last ping.
 func (s LiveStore) Ping(ctx context.Context) PingResult { return s.entry.ping(ctx) }
+
+// Durability asks the store what protects its records across a failover
+// of its server (storage.DurabilityReporter, under a replay cache too);
+// nil for a store that cannot say.
+func (s LiveStore) Durability(ctx context.Context) any { return durability(ctx, s.Store) }
 
 // Live yields the stores in the pool by ID, every backend's alike; with
 // a non-empty id, only the store of that ID.

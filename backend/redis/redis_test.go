@@ -339,18 +339,22 @@ func TestRedisTLSFilesThatCannotBeReadFailProvision(t *testing.T) {
 // validate.
 func TestRedisValidateAndCompileErrors(t *testing.T) {
 	for config, options := range map[string][]string{
-		`{"url":"redis://a","addresses":["b:1"]}`:       {"url", "addresses"},
-		`{"master_name":"m"}`:                           {"master_name", "addresses"},
-		`{"addresses":["b:1"],"sentinel_password":"p"}`: {"sentinel_password", "master_name"},
-		`{"tls_key_file":"k.pem"}`:                      {"tls_cert_file", "tls_key_file"},
-		`{"url":"redis://u@a","username":"v"}`:          {"url", "username"},
-		`{"url":"cache"}`:                               {"url"},
-		`{"addresses":["n1"]}`:                          {"addresses"},
-		`{"pool_size":-1}`:                              {"pool_size"},
-		`{"dial_timeout":1}`:                            {"dial_timeout"},
-		`{"timeout":"2h"}`:                              {"timeout"},
-		`{"key_prefix":"{x}"}`:                          {"key_prefix"},
-		`{"replay_cache":{"max_entries":0}}`:            {"replay_cache"},
+		`{"url":"redis://a","addresses":["b:1"]}`:        {"url", "addresses"},
+		`{"master_name":"m"}`:                            {"master_name", "addresses"},
+		`{"addresses":["b:1"],"sentinel_password":"p"}`:  {"sentinel_password", "master_name"},
+		`{"tls_key_file":"k.pem"}`:                       {"tls_cert_file", "tls_key_file"},
+		`{"url":"redis://u@a","username":"v"}`:           {"url", "username"},
+		`{"url":"cache"}`:                                {"url"},
+		`{"addresses":["n1"]}`:                           {"addresses"},
+		`{"pool_size":-1}`:                               {"pool_size"},
+		`{"dial_timeout":1}`:                             {"dial_timeout"},
+		`{"timeout":"2h"}`:                               {"timeout"},
+		`{"key_prefix":"{x}"}`:                           {"key_prefix"},
+		`{"replay_cache":{"max_entries":0}}`:             {"replay_cache"},
+		`{"durability":{}}`:                              {"durability"},
+		`{"durability":{"replicas":1,"on_timeout":"x"}}`: {"durability"},
+		`{"durability":{"replicas":1,"timeout":"5s"}}`:   {"durability", "timeout"},
+		`{"durability":{"replicas":1,"timeout":1}}`:      {"durability"},
 	} {
 		if got := opterr.Options(backendtest.FromJSON[Storage](t, config).Validate()); !slices.Equal(got, options) {
 			t.Errorf("%s: Validate names %q, want %q", config, got, options)
