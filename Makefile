@@ -62,7 +62,7 @@ STATICCHECK  := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # them and removes their files, whatever the command's outcome.
 WITH_SERVERS := bin/testservers --
 
-.PHONY: run test check testservers promtool unit build check-build fuzz fuzz-short bench soak mutants
+.PHONY: run test check testservers promtool unit build check-build fuzz fuzz-short bench soak soak-failover mutants
 
 run:
 	$(GO) run ./cmd/caddy run --config Caddyfile.example
@@ -153,6 +153,17 @@ MODEL_FLAGS ?= -model.base 0
 soak: build testservers
 	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak $(SOAK_FLAGS)
 	$(WITH_SERVERS) $(GO) test -count=1 -timeout 60m ./internal/model/ -run '^TestModel$$' $(MODEL_FLAGS)
+
+# The failover faults of Redis (soak/failover): Sentinel and Cluster,
+# each with and without durability replicas 1, 20 failovers under load
+# each (about 15 minutes). FAILOVER_FLAGS adds flags to every run.
+FAILOVER_FLAGS ?= -failovers 20 -lag 300ms
+
+soak-failover: build
+	$(GO) run ./soak/failover -topology sentinel -durability $(FAILOVER_FLAGS)
+	$(GO) run ./soak/failover -topology cluster -durability $(FAILOVER_FLAGS)
+	$(GO) run ./soak/failover -topology sentinel $(FAILOVER_FLAGS)
+	$(GO) run ./soak/failover -topology cluster $(FAILOVER_FLAGS)
 
 MUTANTS_FLAGS ?=
 
