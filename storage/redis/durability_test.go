@@ -3,8 +3,10 @@ package redis
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -213,5 +215,35 @@ func TestDurabilityCheck(t *testing.T) {
 		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%+v, timeout %v: %v, want %q", c.d, c.timeout, err, c.want)
 		}
+	}
+}
+
+// BenchmarkDurability measures a new key (Reserve, then Complete) on a
+// private primary with one replica, without durability and with
+// durability replicas 1, from 64 goroutines: what WAIT costs.
+//
+//	bin/testservers -- go test ./storage/redis -run '^$' -bench Durability -benchtime 20000x
+func BenchmarkDurability(b *testing.B) {
+	primary := redistest.StartServer(b)
+	redistest.StartReplica(b, primary)
+	for _, replicas := range []int{0, 1} {
+		b.Run(fmt.Sprintf("replicas=%d", replicas), func(b *testing.B) {
+			s := newTestStore(b, primary.Addr, Options{Timeout: 2 * time.Second, Durability: Durability{Replicas: replicas, Timeout: time.Second}})
+			var n atomic.Int64
+			b.SetParallelism(64 / max(1, runtime.GOMAXPROCS(0)))
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					key := storage.Key{Scope: "bench", ID: fmt.Sprintf("k%d", n.Add(1))}
+					res, err := s.Reserve(b.Context(), key, fp, time.Minute)
+					if err != nil || res.Outcome != storage.Acquired {
+						b.Fatalf("Reserve: %v %v", res.Outcome, err)
+					}
+					if err := s.Complete(b.Context(), key, res.Token, textResponse("x"), time.Hour); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
 	}
 }
