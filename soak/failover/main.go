@@ -34,16 +34,17 @@ import (
 
 func main() {
 	var (
-		topo       = flag.String("topology", "sentinel", "sentinel or cluster")
-		durable    = flag.Bool("durability", false, "durability replicas 1 on the storage")
-		failovers  = flag.Int("failovers", 20, "how many failovers to force")
-		clients    = flag.Int("clients", 16, "client workers")
-		loadFor    = flag.Duration("load", 2*time.Second, "load between a failover healed and the next")
-		seed       = flag.Uint64("seed", 0, "the seed of the failovers' and clients' draws (0: a new one)")
-		bin        = flag.String("caddy", "bin/caddy", "the Caddy binary, built with this module (make build)")
-		out        = flag.String("out", "", "also write the report to this file")
-		wantNoDups = flag.Bool("strict", false, "fail on any duplicate even without -durability")
-		lag        = flag.Duration("lag", 0, "cut the primary's replica links this long before each kill -9 (the writes of that time are on the primary only)")
+		topo        = flag.String("topology", "sentinel", "sentinel or cluster")
+		durable     = flag.Bool("durability", false, "durability replicas 1 on the storage")
+		failovers   = flag.Int("failovers", 20, "how many failovers to force")
+		clients     = flag.Int("clients", 16, "client workers")
+		loadFor     = flag.Duration("load", 2*time.Second, "load between a failover healed and the next")
+		seed        = flag.Uint64("seed", 0, "the seed of the failovers' and clients' draws (0: a new one)")
+		bin         = flag.String("caddy", "bin/caddy", "the Caddy binary, built with this module (make build)")
+		out         = flag.String("out", "", "also write the report to this file")
+		wantNoDups  = flag.Bool("strict", false, "fail on any duplicate even without -durability")
+		lockTimeout = flag.Duration("lock-timeout", 30*time.Second, "the handlers' lock_timeout: a failover longer than it lets a lease lapse")
+		lag         = flag.Duration("lag", 0, "cut the primary's replica links this long before each kill -9 (the writes of that time are on the primary only)")
 	)
 	flag.Parse()
 	if *seed == 0 {
@@ -59,7 +60,7 @@ func main() {
 		defer f.Close()
 		w = io.MultiWriter(os.Stdout, f)
 	}
-	dups, err := run(w, *topo, *durable, *failovers, *clients, *loadFor, *lag, *seed, *bin)
+	dups, err := run(w, *topo, *durable, *failovers, *clients, *loadFor, *lag, *lockTimeout, *seed, *bin)
 	if err != nil {
 		fmt.Fprintln(w, "soak-failover:", err)
 		os.Exit(2)
@@ -69,7 +70,7 @@ func main() {
 	}
 }
 
-func run(w io.Writer, topo string, durable bool, n, clients int, loadFor, lag time.Duration, seed uint64, bin string) (int, error) {
+func run(w io.Writer, topo string, durable bool, n, clients int, loadFor, lag, lockTimeout time.Duration, seed uint64, bin string) (int, error) {
 	redisBin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return 0, err
@@ -104,7 +105,7 @@ func run(w io.Writer, topo string, durable bool, n, clients int, loadFor, lag ti
 	if durable {
 		extra = "\t\t\tdurability replicas 1 500ms"
 	}
-	fmt.Fprintf(w, "soak-failover: seed %d, %s, durability %v, %d failovers, replica lag %v, %d clients\n", seed, t.describe(), durable, n, lag, clients)
+	fmt.Fprintf(w, "soak-failover: seed %d, %s, durability %v, %d failovers, replica lag %v, lock_timeout %v, %d clients\n", seed, t.describe(), durable, n, lag, lockTimeout, clients)
 	execs := &executions{byKey: make(map[string][]time.Time)}
 	var l *load
 	up, err := caddyproc.NewUpstreamWith(caddyproc.UpstreamOptions{OnExecution: func(x caddyproc.Execution) {
@@ -131,12 +132,12 @@ func run(w io.Writer, topo string, durable bool, n, clients int, loadFor, lag ti
 	handle /soak/* {
 		idempotency {
 		%s
-			lock_timeout 10s
+			lock_timeout %s
 		}
 		reverse_proxy %s
 	}
 }
-`, port, t.storage(extra), up.Addr)}
+`, port, t.storage(extra), lockTimeout, up.Addr)}
 		dir := filepath.Join(root, "caddy-"+name)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return 0, err
@@ -171,9 +172,9 @@ func run(w io.Writer, topo string, durable bool, n, clients int, loadFor, lag ti
 	time.Sleep(loadFor)
 	close(stop)
 	wg.Wait()
-	// Leases of requests cut off by the last failover lapse (10s), the
+	// Leases of requests cut off by the last failover lapse, the
 	// background completions land; then every key is asked for again.
-	time.Sleep(12 * time.Second)
+	time.Sleep(lockTimeout + 2*time.Second)
 	l.sweep(seed, clients)
 	dups := check(execs, fs)
 	report(w, start, fs, l, dups, durabilityTimeouts(insts))
