@@ -75,7 +75,9 @@ func redisFacts(t *testing.T, inst *caddyproc.Instance) []storeFacts {
 func TestRedisDurabilityWaitsForReplicas(t *testing.T) {
 	primary := redistest.StartServer(t)
 	replica := redistest.StartReplica(t, primary)
-	const durability = "\tdurability replicas 1 300ms"
+	// WAIT's timeout is generous, so that a loaded machine's replica is
+	// never late while in sync.
+	const durability = "\ttimeout 4s\n\tdurability replicas 1 1s"
 	closed := onRedis(t, primary.Addr, durability)
 	open := onRedis(t, primary.Addr, durability)
 	proceed := onRedis(t, primary.Addr, durability+" on_timeout proceed")
@@ -105,7 +107,7 @@ func TestRedisDurabilityWaitsForReplicas(t *testing.T) {
 	}
 	for _, f := range facts {
 		d := f.Durability
-		if d.Option["replicas"] != 1.0 || d.Option["timeout"] != "300ms" || len(d.Nodes) != 1 ||
+		if d.Option["replicas"] != 1.0 || d.Option["timeout"] != "1s" || len(d.Nodes) != 1 ||
 			d.Nodes[0].Addr != primary.Addr || d.Nodes[0].Role != "master" || d.Nodes[0].ConnectedReplicas != "1" || d.Nodes[0].AppendOnly != "no" {
 			t.Fatalf("store %s durability %+v", f.ID, d)
 		}
