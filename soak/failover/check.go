@@ -35,7 +35,11 @@ type duplicate struct {
 }
 
 // check finds the keys the upstream ran more than once and puts each
-// extra run under the last failover that began before it.
+// extra run under the failover that lost the key's record: the first
+// whose replica was promoted after the key's first run (a record
+// written after that lives on the new primary). Attributing it by the
+// time of the extra run would put the keys the final sweep found under
+// the last failover.
 func check(e *executions, fs []failover) []duplicate {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -48,8 +52,9 @@ func check(e *executions, fs []failover) []duplicate {
 		for _, at := range runs[1:] {
 			d := duplicate{key: key, runs: runs}
 			for _, f := range fs {
-				if !f.At.After(at) {
+				if f.Promoted.After(runs[0]) && !f.At.After(at) {
 					d.failover = f.N
+					break
 				}
 			}
 			out = append(out, d)
