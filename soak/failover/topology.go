@@ -161,13 +161,24 @@ func (t *sentinel) fail(n int, _ *rand.Rand, lag time.Duration) (failover, error
 		return f, err
 	}
 	host, port, _ := net.SplitHostPort(p.addr)
-	c := old.client()
-	err = c.SlaveOf(context.Background(), host, port).Err()
-	c.Close()
-	if err != nil {
+	replicaOf := func() error {
+		c := old.client()
+		defer c.Close()
+		return c.SlaveOf(context.Background(), host, port).Err()
+	}
+	if err := replicaOf(); err != nil {
 		return f, fmt.Errorf("REPLICAOF: %v", err)
 	}
-	if err := waitFor(60*time.Second, "the old primary back as a replica in sync", old.inSyncReplica); err != nil {
+	// A Sentinel still busy with the failover may turn it back into a
+	// primary once (seen after a slow election): say it again.
+	last := time.Now()
+	if err := waitFor(60*time.Second, "the old primary back as a replica in sync", func() bool {
+		if old.info("replication", "role") == "master" && time.Since(last) > 3*time.Second {
+			replicaOf()
+			last = time.Now()
+		}
+		return old.inSyncReplica()
+	}); err != nil {
 		return f, fmt.Errorf("%v: it says role %s, primary %s:%s, link %s; the Sentinels name %s", err, old.info("replication", "role"),
 			old.info("replication", "master_host"), old.info("replication", "master_port"), old.info("replication", "master_link_status"), p.addr)
 	}
