@@ -222,28 +222,36 @@ func TestDurabilityCheck(t *testing.T) {
 
 // BenchmarkDurability measures a new key (Reserve, then Complete) on a
 // private primary with one replica, without durability and with
-// durability replicas 1, from 64 goroutines: what WAIT costs.
+// durability replicas 1: from one goroutine (the latency WAIT adds) and
+// from 64 (the throughput it costs, batches sharing one WAIT).
 //
 //	bin/testservers -- go test ./storage/redis -run '^$' -bench Durability -benchtime 20000x
 func BenchmarkDurability(b *testing.B) {
 	primary := redistest.StartServer(b)
 	redistest.StartReplica(b, primary)
+	var n atomic.Int64
+	newKey := func(b *testing.B, s *Store) {
+		key := storage.Key{Scope: "bench", ID: fmt.Sprintf("k%d", n.Add(1))}
+		res, err := s.Reserve(b.Context(), key, fp, time.Minute)
+		if err != nil || res.Outcome != storage.Acquired {
+			b.Fatalf("Reserve: %v %v", res.Outcome, err)
+		}
+		if err := s.Complete(b.Context(), key, res.Token, textResponse("x"), time.Hour); err != nil {
+			b.Fatal(err)
+		}
+	}
 	for _, replicas := range []int{0, 1} {
-		b.Run(fmt.Sprintf("replicas=%d", replicas), func(b *testing.B) {
-			s := newTestStore(b, primary.Addr, Options{Timeout: 2 * time.Second, Durability: Durability{Replicas: replicas, Timeout: time.Second}})
-			var n atomic.Int64
+		s := newTestStore(b, primary.Addr, Options{Timeout: 2 * time.Second, Durability: Durability{Replicas: replicas, Timeout: time.Second}})
+		b.Run(fmt.Sprintf("serial/replicas=%d", replicas), func(b *testing.B) {
+			for b.Loop() {
+				newKey(b, s)
+			}
+		})
+		b.Run(fmt.Sprintf("parallel/replicas=%d", replicas), func(b *testing.B) {
 			b.SetParallelism(64 / max(1, runtime.GOMAXPROCS(0)))
-			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					key := storage.Key{Scope: "bench", ID: fmt.Sprintf("k%d", n.Add(1))}
-					res, err := s.Reserve(b.Context(), key, fp, time.Minute)
-					if err != nil || res.Outcome != storage.Acquired {
-						b.Fatalf("Reserve: %v %v", res.Outcome, err)
-					}
-					if err := s.Complete(b.Context(), key, res.Token, textResponse("x"), time.Hour); err != nil {
-						b.Fatal(err)
-					}
+					newKey(b, s)
 				}
 			})
 		})
