@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/storagetest"
@@ -256,4 +258,85 @@ func BenchmarkDurability(b *testing.B) {
 			})
 		})
 	}
+}
+
+// TestDurabilityOnCluster runs the store with durability replicas 1 on a
+// private Cluster of three primaries, each with a replica: the
+// conformance suite passes without a shortfall, the WAIT goes to the
+// node that took the write, right behind it, and with one replica killed
+// only the writes of its primary fall short.
+func TestDurabilityOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster with replicas")
+	}
+	addrs := redistest.StartCluster(t, 3)
+	replicas := redistest.AddClusterReplicas(t, addrs)
+	var short shortfalls
+	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs})
+	s := New(cc, Options{KeyPrefix: testPrefix(), Timeout: 4 * time.Second,
+		Durability: Durability{Replicas: 1, Timeout: time.Second, OnShortfall: short.add}})
+	t.Cleanup(func() { s.Close() })
+
+	t.Run("Suite", func(t *testing.T) { storagetest.Run(t, s) })
+	if got := short.take(); got != "" {
+		t.Fatalf("shortfalls with every replica in sync: %s", got)
+	}
+
+	// keyOn returns a key, named after tag, whose record lives on the
+	// primary at addr.
+	keyOn := func(t *testing.T, tag, addr string) storage.Key {
+		for i := 0; ; i++ {
+			key := storage.Key{Scope: "s", ID: fmt.Sprintf("%s-%s-%d", tag, addr, i)}
+			node, err := cc.MasterForKey(t.Context(), s.keyName(key))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if node.Options().Addr == addr {
+				return key
+			}
+		}
+	}
+
+	t.Run("WaitGoesToTheNodeOfTheWrite", func(t *testing.T) {
+		for _, addr := range addrs {
+			key := keyOn(t, "waited", addr)
+			mon := redistest.NewMonitor(t, addr)
+			cmds := mon.Commands(func() { acquire(t, s, key, time.Minute) })
+			if got, want := names(cmds), "evalsha[TIME HMGET HSET PEXPIRE], wait"; got != want {
+				t.Fatalf("node %s: commands %q, want %q", addr, got, want)
+			}
+		}
+	})
+
+	replicas[0].Kill()
+	t.Run("OnlyTheNodeWithoutItsReplicaFallsShort", func(t *testing.T) {
+		short.take()
+		if _, err := s.Reserve(t.Context(), keyOn(t, "short", addrs[0]), fp, time.Minute); !errors.Is(err, ErrNotReplicated) {
+			t.Fatalf("Reserve on the primary without its replica: %v, want ErrNotReplicated", err)
+		}
+		for _, addr := range addrs[1:] {
+			acquire(t, s, keyOn(t, "short", addr), time.Minute)
+		}
+		if got := short.take(); got != "reserve:0" {
+			t.Fatalf("shortfalls %q, want one reserve:0", got)
+		}
+		// Reservations that go out in one batch: each node's share gets
+		// its own WAIT, which counts that node's replicas.
+		batch := make([]*call, len(addrs))
+		for i, addr := range addrs {
+			key := keyOn(t, "batch", addr)
+			batch[i] = &call{ctx: t.Context(), script: reserveScript, keys: []string{s.keyName(key)},
+				args: []any{fp, uint64(storage.NewToken()), int64(60000), int64(120000)}, durable: true, acked: -1, done: make(chan struct{})}
+		}
+		s.pipe.flush(batch)
+		for i, c := range batch {
+			want := 1
+			if i == 0 {
+				want = 0
+			}
+			if c.err != nil || c.acked != want {
+				t.Errorf("batched reservation on %s: %d replicas acknowledged, %v; want %d", addrs[i], c.acked, c.err, want)
+			}
+		}
+	})
 }
