@@ -59,7 +59,7 @@ type durabilityConfig struct {
 func (c durabilityConfig) store(logger *zap.Logger, id string) redisstore.Durability {
 	d := redisstore.Durability{Replicas: c.Replicas, Timeout: c.Timeout, Proceed: c.Proceed}
 	if d.Replicas > 0 {
-		l := &shortfallLog{logger: logger, store: id, replicas: d.Replicas, proceed: d.Proceed}
+		l := &shortfallLog{logger: logger, store: id, replicas: d.Replicas, proceed: d.Proceed, after: afterFunc}
 		d.OnShortfall = l.add
 	}
 	return d
@@ -109,6 +109,8 @@ type shortfallLog struct {
 	store    string
 	replicas int
 	proceed  bool
+	// after runs f once d has passed (time.AfterFunc; tests replace it).
+	after func(d time.Duration, f func())
 
 	mu     sync.Mutex
 	timing bool           // a line was written within the last second
@@ -130,8 +132,11 @@ func (l *shortfallLog) add(op string, acked int) {
 	}
 	l.timing = true
 	l.write(map[string]int{op: 1}, acked)
-	time.AfterFunc(shortfallLogEvery, l.flush)
+	l.after(shortfallLogEvery, l.flush)
 }
+
+// afterFunc is time.AfterFunc without its result.
+func afterFunc(d time.Duration, f func()) { time.AfterFunc(d, f) }
 
 // flush writes what was held back, and waits another second; with
 // nothing held, the next shortfall logs at once.
@@ -144,7 +149,7 @@ func (l *shortfallLog) flush() {
 	}
 	l.write(l.held, l.acked)
 	l.held = nil
-	time.AfterFunc(shortfallLogEvery, l.flush)
+	l.after(shortfallLogEvery, l.flush)
 }
 
 func (l *shortfallLog) write(ops map[string]int, acked int) {
