@@ -59,7 +59,7 @@ func startSentinel(bin, root string) (*sentinel, error) {
 	}
 	host, port, _ := net.SplitHostPort(t.data[0].addr)
 	c := t.data[1].client()
-	err := c.SlaveOf(context.Background(), host, port).Err()
+	err := c.ReplicaOf(context.Background(), host, port).Err()
 	c.Close()
 	if err == nil {
 		err = waitFor(30*time.Second, "the replica in sync", t.data[1].inSyncReplica)
@@ -164,7 +164,7 @@ func (t *sentinel) fail(n int, _ *rand.Rand, lag time.Duration) (failover, error
 	replicaOf := func() error {
 		c := old.client()
 		defer c.Close()
-		return c.SlaveOf(context.Background(), host, port).Err()
+		return c.ReplicaOf(context.Background(), host, port).Err()
 	}
 	if err := replicaOf(); err != nil {
 		return f, fmt.Errorf("REPLICAOF: %v", err)
