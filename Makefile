@@ -34,10 +34,13 @@
 #                -store-latency 30ms" is production's scale and timing (go run
 #                ./soak -h). Then a run of the randomized test on new seeds
 #                (internal/model; about 3 minutes), MODEL_FLAGS.
-#   make soak-failover  the failover soak: private PostgreSQL primaries with a
+#   make soak-failover  the failover soaks: private PostgreSQL primaries with a
 #                streaming standby promoted under load (kill -9, pg_promote),
-#                async and with a synchronous standby; counts the duplicate
-#                executions of each promotion and names them (FAILOVER_FLAGS)
+#                async and with a synchronous standby (PG_FAILOVER_FLAGS), then
+#                Redis Sentinel and Cluster failovers (kill -9, CLUSTER
+#                FAILOVER) with and without durability replicas 1
+#                (FAILOVER_FLAGS); counts the duplicate executions of each
+#                failover and names them; about 25 minutes
 #   make mutants plants each bug of internal/mutants in a copy of the tree and
 #                says which tier of tests catches it (the randomized test at its
 #                make test budget, its regression seeds, the package tests, e2e),
@@ -158,15 +161,23 @@ soak: build testservers
 	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak $(SOAK_FLAGS)
 	$(WITH_SERVERS) $(GO) test -count=1 -timeout 60m ./internal/model/ -run '^TestModel$$' $(MODEL_FLAGS)
 
-# The failover soak (soak/failover_*.go): private PostgreSQL primaries and
-# streaming standbys promoted under load through real Caddy instances, each
-# mode's duplicate executions counted per promotion and named; about 2
-# minutes a mode of 10 promotions. Flags in FAILOVER_FLAGS (go run ./soak -h:
-# -pg-modes, -pg-promotions, -pg-lag).
-FAILOVER_FLAGS ?= -pg-modes async,sync,remote_apply -v
+# The failover soaks. PostgreSQL (soak/failover_postgres.go): private
+# primaries and streaming standbys promoted under load through real Caddy
+# instances, each mode's duplicate executions counted per promotion and
+# named; about 2 minutes a mode of 10 promotions; flags in
+# PG_FAILOVER_FLAGS (go run ./soak -h: -pg-modes, -pg-promotions, -pg-lag).
+# Redis (soak/failover): Sentinel and Cluster, each with and without
+# durability replicas 1, 20 failovers under load each (about 15 minutes);
+# FAILOVER_FLAGS adds flags to every Redis run (go run ./soak/failover -h).
+PG_FAILOVER_FLAGS ?= -pg-modes async,sync,remote_apply -v
+FAILOVER_FLAGS ?= -failovers 20 -lag 300ms
 
 soak-failover: build
-	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak -failover postgres $(FAILOVER_FLAGS)
+	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak -failover postgres $(PG_FAILOVER_FLAGS)
+	$(GO) run ./soak/failover -topology sentinel -durability $(FAILOVER_FLAGS)
+	$(GO) run ./soak/failover -topology cluster -durability $(FAILOVER_FLAGS)
+	$(GO) run ./soak/failover -topology sentinel $(FAILOVER_FLAGS)
+	$(GO) run ./soak/failover -topology cluster $(FAILOVER_FLAGS)
 
 MUTANTS_FLAGS ?=
 

@@ -91,6 +91,14 @@ func TestRedisCaddyfileOptions(t *testing.T) {
 			"	tls_cert_file {env.REDIS_CERT}", "	tls_key_file /etc/redis/client.key", "	tls_server_name cache.internal", "}"},
 			redisbackend.Storage{URL: "redis://10.0.0.7:6379", TLSCAFile: "/etc/redis/ca.pem", TLSCertFile: "{env.REDIS_CERT}",
 				TLSKeyFile: "/etc/redis/client.key", TLSServerName: "cache.internal"}},
+		{"durability replicas", []string{"storage redis {", "	durability replicas 1", "}"},
+			redisbackend.Storage{Durability: &redisbackend.Durability{Replicas: 1}}},
+		{"durability with a timeout", []string{"storage redis {", "	durability replicas 2 500ms", "}"},
+			redisbackend.Storage{Durability: &redisbackend.Durability{Replicas: 2, Timeout: caddy.Duration(500 * time.Millisecond)}}},
+		{"durability with everything", []string{"storage redis {", "	timeout 3s", "	durability replicas 1 2s on_timeout proceed", "}"},
+			redisbackend.Storage{Timeout: caddy.Duration(3 * time.Second), Durability: &redisbackend.Durability{Replicas: 1, Timeout: caddy.Duration(2 * time.Second), OnTimeout: "proceed"}}},
+		{"durability on_timeout without a timeout", []string{"storage redis {", "	durability replicas 1 on_timeout fail", "}"},
+			redisbackend.Storage{Durability: &redisbackend.Durability{Replicas: 1, OnTimeout: "fail"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -153,6 +161,14 @@ func TestRedisCaddyfileErrors(t *testing.T) {
 		{"key_prefix with a closing brace", []string{"storage redis {", "\tkey_prefix app}", "}"}, 4, []string{"key_prefix must not contain"}},
 		{"replay_cache ttl below the floor", []string{"storage redis {", "\treplay_cache 100 2ns", "}"}, 4, []string{"redis storage: replay_cache: ttl must be at least 1s, got 2ns"}},
 		{"replay_cache ttl above the ceiling", []string{"storage redis {", "\treplay_cache 100 106751d", "}"}, 4, []string{"redis storage: replay_cache: ttl must be at most 24h0m0s"}},
+		{"durability without replicas", []string{"storage redis {", "\tdurability", "}"}, 4, []string{"durability replicas <n>"}},
+		{"durability replicas not a number", []string{"storage redis {", "\tdurability replicas one", "}"}, 4, []string{"replicas must be an integer", "'one'"}},
+		{"durability replicas zero", []string{"storage redis {", "\tdurability replicas 0", "\tkey_prefix k:", "}"}, 4, []string{"durability replicas must be at least 1, got 0"}},
+		{"durability timeout invalid", []string{"storage redis {", "\tdurability replicas 1 soon", "}"}, 4, []string{"durability timeout", "'soon'"}},
+		{"durability on_timeout unknown", []string{"storage redis {", "\tdurability replicas 1 on_timeout retry", "\tkey_prefix k:", "}"}, 4, []string{`on_timeout must be "fail" or "proceed", got "retry"`}},
+		{"durability with a stray word", []string{"storage redis {", "\tdurability replicas 1 1s later", "}"}, 4, []string{"durability replicas <n>"}},
+		{"durability timeout past the timeout", []string{"storage redis {", "\tdurability replicas 1 2s", "\tkey_prefix k:", "}"}, 4, []string{"durability timeout 2s must be shorter than timeout 2s"}},
+		{"timeout below the durability timeout", []string{"storage redis {", "\tdurability replicas 1 500ms", "\ttimeout 400ms", "}"}, 5, []string{"durability timeout 500ms must be shorter than timeout 400ms"}},
 		// Each error at the line of the option it names, whatever follows.
 		{"a bad value before other options", []string{"storage redis {", "\ttimeout 2ns", "\tkey_prefix k:", "\tpool_size 2", "}"}, 4, []string{"timeout must be at least 10ms"}},
 		{"a user in url, username lines later", []string{"storage redis {", "\turl redis://u@cache:6379", "\tkey_prefix k:", "\tusername v", "}"}, 6, []string{"a user is set both in url and in username"}},

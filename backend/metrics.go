@@ -25,6 +25,21 @@ var removed = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Records idempotency stores removed on their own, by backend and reason: expired (cleanup of expired records and lapsed leases) or evicted (refusal records that gave way in a full memory store).",
 }, []string{"backend", "reason"})
 
+// durabilityTimeouts counts the writes too few replicas acknowledged in
+// time (a Redis store's durability option).
+var durabilityTimeouts = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: "caddy", Subsystem: "http_idempotency", Name: "store_durability_timeouts_total",
+	Help: "Reservations and completions (op) that fewer replicas than a store's durability option asks for acknowledged within its timeout, by backend and store.",
+}, []string{"backend", "store", "op"})
+
+// CountDurabilityTimeout counts one write (op "reserve" or "complete") of
+// the store named store (Pooled.StoreID) of backend that too few replicas
+// acknowledged in time, in
+// caddy_http_idempotency_store_durability_timeouts_total.
+func CountDurabilityTimeout(backend, store, op string) {
+	durabilityTimeouts.WithLabelValues(backend, store, op).Inc()
+}
+
 // CountRemoved adds n records that a store of the backend named backend
 // removed for reason (RemovedExpired, RemovedEvicted) to
 // caddy_http_idempotency_records_removed_total. n of 0 makes the series
@@ -40,5 +55,5 @@ func CountRemoved(backend, reason string, n int64) {
 // Collectors returns the collectors of the kit's metrics, for the handler
 // to register on each config's metrics registry.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{removed}
+	return []prometheus.Collector{removed, durabilityTimeouts}
 }

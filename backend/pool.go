@@ -151,12 +151,10 @@ type Pooled struct {
 // its records across a failover (storage.DurabilityReporter) is logged,
 // and a store that cannot keep them where it is connected is warned about.
 func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where string, open func() (storage.Store, error)) error {
-	raw, err := json.Marshal(config)
+	key, err := StoreID(backend, config)
 	if err != nil {
-		return fmt.Errorf("%s storage: hashing the configuration: %w", backend, err)
+		return err
 	}
-	sum := sha256.Sum256(raw)
-	key := backend + ":" + hex.EncodeToString(sum[:12])
 	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		s, err := open()
 		if err != nil {
@@ -176,6 +174,18 @@ func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where s
 	}
 	b.entry, b.key = v.(*pooledStore), key
 	return nil
+}
+
+// StoreID is the pool's name for the store of backend with config, as
+// Acquire names it (Pooled.StoreID): for an open function that needs the
+// name before Acquire returns (a metric's label).
+func StoreID(backend string, config any) (string, error) {
+	raw, err := json.Marshal(config)
+	if err != nil {
+		return "", fmt.Errorf("%s storage: hashing the configuration: %w", backend, err)
+	}
+	sum := sha256.Sum256(raw)
+	return backend + ":" + hex.EncodeToString(sum[:12]), nil
 }
 
 // startPingTimeout bounds the ping of a store just opened.

@@ -138,6 +138,11 @@ type Storage struct {
 	// host dialled (an address by IP, a tunnel).
 	TLSServerName string `json:"tls_server_name,omitempty"`
 
+	// Wait until this many replicas acknowledged each reservation and
+	// completion, so that a failover keeps them (see Durability). Off by
+	// default: Redis replicates asynchronously.
+	Durability *Durability `json:"durability,omitempty"`
+
 	backend.Pooled
 }
 
@@ -161,7 +166,12 @@ func (r *Storage) Provision(ctx caddy.Context) error {
 	if cfg, err = cfg.resolve(); err != nil {
 		return err
 	}
-	return r.Acquire(ctx.Logger(), "redis", cfg, cfg.where(), func() (storage.Store, error) {
+	id, err := backend.StoreID("redis", cfg)
+	if err != nil {
+		return err
+	}
+	logger := ctx.Logger()
+	return r.Acquire(logger, "redis", cfg, cfg.where(), func() (storage.Store, error) {
 		client, err := redisstore.NewClient(cfg.Client)
 		if err != nil {
 			return nil, err
@@ -178,6 +188,7 @@ func (r *Storage) Provision(ctx caddy.Context) error {
 			Timeout:     cmp.Or(cfg.Client.Timeout, redisstore.DefaultTimeout),
 			RenewClient: renew,
 			Secrets:     cfg.Client.Secrets(),
+			Durability:  cfg.Durability.store(logger, id),
 		})
 		return backend.Wrap(store, cfg.Cache), nil
 	})
@@ -196,9 +207,10 @@ func (r *Storage) Validate() error {
 // redisConfig is what the store is built from and, hashed once its
 // placeholders are resolved, what names it in the pool.
 type redisConfig struct {
-	Client    redisstore.ClientOptions
-	KeyPrefix string
-	Cache     *cache.Options
+	Client     redisstore.ClientOptions
+	KeyPrefix  string
+	Cache      *cache.Options
+	Durability durabilityConfig
 }
 
 // compile checks r and returns its configuration, defaults filled in and
@@ -239,7 +251,26 @@ func (r *Storage) compile() (redisConfig, error) {
 	if err := o.Check(); err != nil {
 		return redisConfig{}, err
 	}
-	if err := (redisstore.Options{KeyPrefix: r.KeyPrefix}).Check(); err != nil {
+	if r.Durability != nil {
+		switch r.Durability.OnTimeout {
+		case "", onTimeoutFail, onTimeoutProceed:
+		default:
+			return redisConfig{}, opterr.Errorf("durability", "redis storage: durability on_timeout must be %q or %q, got %q", onTimeoutFail, onTimeoutProceed, r.Durability.OnTimeout)
+		}
+		if r.Durability.Replicas < 1 {
+			return redisConfig{}, opterr.Errorf("durability", "redis storage: durability replicas must be at least 1, got %d", r.Durability.Replicas)
+		}
+		cfg.Durability = durabilityConfig{
+			Replicas: r.Durability.Replicas,
+			Timeout:  cmp.Or(time.Duration(r.Durability.Timeout), redisstore.DefaultDurabilityTimeout),
+			Proceed:  r.Durability.OnTimeout == onTimeoutProceed,
+		}
+	}
+	if err := (redisstore.Options{
+		KeyPrefix:  r.KeyPrefix,
+		Timeout:    cmp.Or(time.Duration(r.Timeout), redisstore.DefaultTimeout),
+		Durability: redisstore.Durability{Replicas: cfg.Durability.Replicas, Timeout: cfg.Durability.Timeout},
+	}).Check(); err != nil {
 		return redisConfig{}, err
 	}
 	if err := r.ReplayCache.Check("redis storage"); err != nil {
@@ -304,6 +335,7 @@ func (cfg redisConfig) resolve() (redisConfig, error) {
 //	    tls_cert_file <path>
 //	    tls_key_file <path>
 //	    tls_server_name <name>
+//	    durability replicas <n> [<timeout>] [on_timeout fail|proceed]
 //	}
 func (r *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the backend name
@@ -351,6 +383,9 @@ func (r *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return cfargs.StringArg(d, &r.TLSKeyFile)
 		case "tls_server_name":
 			return cfargs.StringArg(d, &r.TLSServerName)
+		case "durability":
+			r.Durability, err = parseDurability(d)
+			return err
 		}
 		return cfargs.Unknown(d, "redis storage", opt, options)
 	}, func() error { _, err := r.compile(); return err })
@@ -360,7 +395,7 @@ func (r *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 var options = []string{
 	"url", "addresses", "master_name", "sentinel_username", "sentinel_password", "username", "password",
 	"key_prefix", "pool_size", "dial_timeout", "timeout", "replay_cache",
-	"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name",
+	"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name", "durability",
 }
 
 // Interface guards

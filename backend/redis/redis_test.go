@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
@@ -339,18 +342,22 @@ func TestRedisTLSFilesThatCannotBeReadFailProvision(t *testing.T) {
 // validate.
 func TestRedisValidateAndCompileErrors(t *testing.T) {
 	for config, options := range map[string][]string{
-		`{"url":"redis://a","addresses":["b:1"]}`:       {"url", "addresses"},
-		`{"master_name":"m"}`:                           {"master_name", "addresses"},
-		`{"addresses":["b:1"],"sentinel_password":"p"}`: {"sentinel_password", "master_name"},
-		`{"tls_key_file":"k.pem"}`:                      {"tls_cert_file", "tls_key_file"},
-		`{"url":"redis://u@a","username":"v"}`:          {"url", "username"},
-		`{"url":"cache"}`:                               {"url"},
-		`{"addresses":["n1"]}`:                          {"addresses"},
-		`{"pool_size":-1}`:                              {"pool_size"},
-		`{"dial_timeout":1}`:                            {"dial_timeout"},
-		`{"timeout":"2h"}`:                              {"timeout"},
-		`{"key_prefix":"{x}"}`:                          {"key_prefix"},
-		`{"replay_cache":{"max_entries":0}}`:            {"replay_cache"},
+		`{"url":"redis://a","addresses":["b:1"]}`:        {"url", "addresses"},
+		`{"master_name":"m"}`:                            {"master_name", "addresses"},
+		`{"addresses":["b:1"],"sentinel_password":"p"}`:  {"sentinel_password", "master_name"},
+		`{"tls_key_file":"k.pem"}`:                       {"tls_cert_file", "tls_key_file"},
+		`{"url":"redis://u@a","username":"v"}`:           {"url", "username"},
+		`{"url":"cache"}`:                                {"url"},
+		`{"addresses":["n1"]}`:                           {"addresses"},
+		`{"pool_size":-1}`:                               {"pool_size"},
+		`{"dial_timeout":1}`:                             {"dial_timeout"},
+		`{"timeout":"2h"}`:                               {"timeout"},
+		`{"key_prefix":"{x}"}`:                           {"key_prefix"},
+		`{"replay_cache":{"max_entries":0}}`:             {"replay_cache"},
+		`{"durability":{}}`:                              {"durability"},
+		`{"durability":{"replicas":1,"on_timeout":"x"}}`: {"durability"},
+		`{"durability":{"replicas":1,"timeout":"5s"}}`:   {"durability", "timeout"},
+		`{"durability":{"replicas":1,"timeout":1}}`:      {"durability"},
 	} {
 		if got := opterr.Options(backendtest.FromJSON[Storage](t, config).Validate()); !slices.Equal(got, options) {
 			t.Errorf("%s: Validate names %q, want %q", config, got, options)
@@ -386,5 +393,48 @@ func TestRedisStartUpLineShowsTheKeyPrefix(t *testing.T) {
 		if got := cfg.where(); got != tc.want {
 			t.Errorf("where = %q, want %q", got, tc.want)
 		}
+	}
+}
+
+// TestDurabilityTimeoutsAreLoggedOnceASecondPerStore: the first shortfall
+// of a store is logged at once, the next ones within the second are held
+// back and written as one line with their counts, and a second with none
+// ends the window, so that the next is logged at once again.
+func TestDurabilityTimeoutsAreLoggedOnceASecondPerStore(t *testing.T) {
+	core, logs := observer.New(zapcore.WarnLevel)
+	var due []func()
+	l := &shortfallLog{logger: zap.New(core), store: "redis:test", replicas: 1,
+		after: func(d time.Duration, f func()) {
+			if d != time.Second {
+				t.Errorf("next line due after %v, want 1s", d)
+			}
+			due = append(due, f)
+		}}
+	counts := func() []string {
+		var out []string
+		for _, e := range logs.TakeAll() {
+			m := e.ContextMap()
+			out = append(out, fmt.Sprintf("%v/%v acked %v of %v", m["reservations"], m["completions"], m["replicas_acked"], m["replicas_wanted"]))
+		}
+		return out
+	}
+	l.add("reserve", 0)
+	l.add("reserve", 0)
+	l.add("complete", 1)
+	l.add("reserve", 0)
+	if got := counts(); !slices.Equal(got, []string{"1/0 acked 0 of 1"}) {
+		t.Fatalf("lines at once %q, want the first only", got)
+	}
+	due[0]()
+	if got := counts(); !slices.Equal(got, []string{"2/1 acked 0 of 1"}) {
+		t.Fatalf("lines a second later %q, want the held ones counted", got)
+	}
+	due[1]()
+	if got := counts(); len(got) != 0 || len(due) != 2 {
+		t.Fatalf("a quiet second wrote %q and scheduled %d", got, len(due))
+	}
+	l.add("complete", 0)
+	if got := counts(); !slices.Equal(got, []string{"0/1 acked 0 of 1"}) {
+		t.Fatalf("after a quiet second %q, want a line at once", got)
 	}
 }

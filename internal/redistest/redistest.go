@@ -523,3 +523,49 @@ func (c *conn) Do(args ...string) (string, error) {
 	}
 	return "", fmt.Errorf("unsupported reply %q", line)
 }
+
+// AddClusterReplicas gives each primary of the cluster StartCluster
+// started (at primaries) a replica of its own, and returns the replicas,
+// in the order of their primaries, once each is in sync.
+func AddClusterReplicas(t testing.TB, primaries []string) []*Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		testutil.Unavailable(t, "redis-server binary: %v", err)
+	}
+	host, port, _ := net.SplitHostPort(primaries[0])
+	replicas := make([]*Server, len(primaries))
+	for i, p := range primaries {
+		c, err := dial(p, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := c.Do("CLUSTER", "MYID")
+		c.Close()
+		if err != nil {
+			t.Fatalf("CLUSTER MYID on %s: %v", p, err)
+		}
+		replicas[i] = start(t, "a cluster replica", func() (*Server, error) {
+			return startServer(t, bin, "", "--cluster-enabled", "yes", "--cluster-node-timeout", "5000")
+		})
+		r, err := dial(replicas[i].Addr, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Do("CLUSTER", "MEET", host, port); err != nil {
+			t.Fatalf("CLUSTER MEET: %v", err)
+		}
+		// The replica must know its primary before it can follow it.
+		testutil.Eventually(t, 20*time.Second, "the replica knowing its primary", func() bool {
+			_, err := r.Do("CLUSTER", "REPLICATE", id)
+			return err == nil
+		})
+		r.Close()
+	}
+	for _, r := range replicas {
+		testutil.Eventually(t, 30*time.Second, "the cluster replica in sync", func() bool {
+			return linkUp(context.Background(), r.Addr)
+		})
+	}
+	return replicas
+}

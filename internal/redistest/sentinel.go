@@ -136,3 +136,22 @@ func linkUp(ctx context.Context, addr string) bool {
 	return err == nil && strings.Contains(info, "master_link_status:up") &&
 		strings.Contains(info, "master_sync_in_progress:0")
 }
+
+// StartReplica starts a private replica of primary and returns it once it
+// is in sync. Like StartServer, it skips (fails with CI=true) without the
+// redis-server binary.
+func StartReplica(t testing.TB, primary *Server) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		testutil.Unavailable(t, "redis-server binary: %v", err)
+	}
+	host, port, _ := net.SplitHostPort(primary.Addr)
+	replica := start(t, "a replica", func() (*Server, error) {
+		return startServer(t, bin, "", "--replicaof", host, port)
+	})
+	testutil.Eventually(t, 20*time.Second, "the replica in sync", func() bool {
+		return linkUp(context.Background(), replica.Addr)
+	})
+	return replica
+}

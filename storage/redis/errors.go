@@ -70,12 +70,13 @@ func unreachable(err error) bool {
 		return true
 	case goredis.IsLoadingError(err), goredis.IsMasterDownError(err), goredis.IsClusterDownError(err),
 		goredis.IsTryAgainError(err), goredis.IsReadOnlyError(err), goredis.IsNoReplicasError(err),
-		goredis.IsMaxClientsError(err), goredis.HasErrorPrefix(err, "BUSY "):
+		goredis.IsMaxClientsError(err), goredis.HasErrorPrefix(err, "BUSY "), isMoved(err):
 		// The server is there but cannot serve writes for now: loading
 		// its data, a replica cut off from its primary or still the old
 		// primary during a failover, a cluster slot without a node, too
 		// few replicas for min-replicas-to-write, no room for another
-		// client, or a script running past busy-reply-threshold.
+		// client, a script running past busy-reply-threshold, or a
+		// Cluster slot that moved under a node-by-node pipeline.
 		return true
 	}
 	// go-redis's own errors for a deployment it cannot reach.

@@ -21,7 +21,7 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	tok := storage.NewToken()
-	v, err := s.run(ctx, reserveScript, key, fp, uint64(tok), millis(lease), keepMillis(lease))
+	v, acked, err := s.runDurable(ctx, reserveScript, key, fp, uint64(tok), millis(lease), keepMillis(lease))
 	if err != nil {
 		// The script may have run and its reply been lost: the caller
 		// gets the token to release (see storage.Reservation).
@@ -62,6 +62,12 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 	if err := r.check(n); err != nil {
 		return storage.Reservation{}, fmt.Errorf("redis reserve: %w", err)
 	}
+	if res.Outcome == storage.Acquired && s.durability.shortfall("reserve", acked) && !s.durability.Proceed {
+		// The reservation is on the primary only, as far as anyone
+		// knows: the upstream must not run on it. The caller releases
+		// it with the token, as after any failed Reserve.
+		return storage.Reservation{Token: tok}, fmt.Errorf("redis reserve: %w: %w", storage.ErrUnavailable, s.durability.notReplicated(acked))
+	}
 	return res, nil
 }
 
@@ -82,7 +88,14 @@ func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Tok
 	head := storage.AppendResponse(nil, &storage.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: resp.BodyOmitted})
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
-	return s.fenced(ctx, "complete", completeScript, key, uint64(token), head, resp.Body, millis(ttl), resp.Detail)
+	v, acked, err := s.runDurable(ctx, completeScript, key, uint64(token), head, resp.Body, millis(ttl), resp.Detail)
+	if err = fencedReply("complete", v, err); err == nil {
+		// Too few replicas is counted, never an error: the record is on
+		// the primary and the answer given; a retry of the write would
+		// find the lease gone.
+		s.durability.shortfall("complete", acked)
+	}
+	return err
 }
 
 // Release implements storage.Store in one round trip.
@@ -192,6 +205,11 @@ func (s *Store) deleteName(ctx context.Context, name string) error {
 // 0 when it did not.
 func (s *Store) fenced(ctx context.Context, op string, script *goredis.Script, key storage.Key, args ...any) error {
 	v, err := s.run(ctx, script, key, args...)
+	return fencedReply(op, v, err)
+}
+
+// fencedReply is the error of a fenced script's reply v or error err.
+func fencedReply(op string, v any, err error) error {
 	if err != nil {
 		return fmt.Errorf("redis %s: %w", op, err)
 	}
@@ -213,19 +231,31 @@ func (s *Store) run(ctx context.Context, script *goredis.Script, key storage.Key
 	return s.runKey(ctx, script, s.keyName(key), args...)
 }
 
+// runDurable is run followed by WAIT when the store has a Durability;
+// acked is how many replicas acknowledged the write, -1 for no WAIT.
+func (s *Store) runDurable(ctx context.Context, script *goredis.Script, key storage.Key, args ...any) (v any, acked int, err error) {
+	return s.exec(ctx, script, s.keyName(key), true, args)
+}
+
 // runKey is run on the record's key name.
 func (s *Store) runKey(ctx context.Context, script *goredis.Script, name string, args ...any) (any, error) {
+	v, _, err := s.exec(ctx, script, name, false, args)
+	return v, err
+}
+
+// exec runs script on the key name through the pipeliner.
+func (s *Store) exec(ctx context.Context, script *goredis.Script, name string, durable bool, args []any) (any, int, error) {
 	if s.invalid != nil {
-		return nil, s.invalid
+		return nil, -1, s.invalid
 	}
-	v, err := s.pipe.do(ctx, script, []string{name}, args)
+	v, acked, err := s.pipe.do(ctx, script, []string{name}, args, durable)
 	if err != nil {
 		if goredis.HasErrorPrefix(err, "CORRUPT") {
-			return nil, fmt.Errorf("%w: %v", storage.ErrCorrupt, err)
+			return nil, -1, fmt.Errorf("%w: %v", storage.ErrCorrupt, err)
 		}
-		return nil, s.classify(err)
+		return nil, -1, s.classify(err)
 	}
-	return v, nil
+	return v, acked, nil
 }
 
 // completedRecord builds a completed Record from its stored parts. The body

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 // Every operation is still one command, answered on its own.
 type pipeliner struct {
 	client goredis.UniversalClient
+	wait   Durability // WAIT behind the durable calls of a batch (Replicas > 0)
 	queue  chan *call
 	stop   chan struct{}
 	wg     sync.WaitGroup
@@ -38,6 +40,11 @@ type call struct {
 	val    any
 	err    error
 	done   chan struct{}
+
+	// durable calls are followed by WAIT (durability.go); acked is how
+	// many replicas acknowledged, -1 when no WAIT was sent.
+	durable bool
+	acked   int
 }
 
 const (
@@ -50,8 +57,8 @@ const (
 
 var errStoreClosed = errors.New("redis store is closed")
 
-func newPipeliner(client goredis.UniversalClient) *pipeliner {
-	p := &pipeliner{client: client, queue: make(chan *call, 4*maxBatch), stop: make(chan struct{})}
+func newPipeliner(client goredis.UniversalClient, wait Durability) *pipeliner {
+	p := &pipeliner{client: client, wait: wait, queue: make(chan *call, 4*maxBatch), stop: make(chan struct{})}
 	p.wg.Add(pipelineWorkers)
 	for range pipelineWorkers {
 		go p.work()
@@ -60,27 +67,30 @@ func newPipeliner(client goredis.UniversalClient) *pipeliner {
 }
 
 // do runs script on keys with args, batched with concurrent operations.
-func (p *pipeliner) do(ctx context.Context, script *goredis.Script, keys []string, args []any) (any, error) {
-	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
+// A durable call is followed by WAIT when the store asks for replicas;
+// acked is how many acknowledged, -1 when no WAIT was sent.
+func (p *pipeliner) do(ctx context.Context, script *goredis.Script, keys []string, args []any, durable bool) (v any, acked int, err error) {
+	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{}), acked: -1,
+		durable: durable && p.wait.Replicas > 0}
 	p.closing.RLock()
 	if p.closed {
 		p.closing.RUnlock()
-		return nil, errStoreClosed
+		return nil, -1, errStoreClosed
 	}
 	select {
 	case p.queue <- c: // the workers run until close holds the lock
 	case <-ctx.Done():
 		p.closing.RUnlock()
-		return nil, ctx.Err()
+		return nil, -1, ctx.Err()
 	}
 	p.closing.RUnlock()
 	select {
 	case <-c.done:
-		return c.val, c.err
+		return c.val, c.acked, c.err
 	case <-ctx.Done():
 		// The command may still run; as with an unbatched command whose
 		// caller gave up, the store's fencing keeps that safe.
-		return nil, ctx.Err()
+		return nil, -1, ctx.Err()
 	}
 }
 
@@ -124,10 +134,11 @@ func (p *pipeliner) flush(batch []*call) {
 		live = append(live, c)
 	}
 	batch = live
-	switch len(batch) {
-	case 0:
+	if len(batch) == 0 {
 		return
-	case 1:
+	}
+	wait := slices.ContainsFunc(batch, func(c *call) bool { return c.durable })
+	if len(batch) == 1 && !wait {
 		c := batch[0]
 		c.val, c.err = c.script.Run(c.ctx, p.client, c.keys, c.args...).Result()
 		close(c.done)
@@ -135,33 +146,101 @@ func (p *pipeliner) flush(batch []*call) {
 	}
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	pipe := p.client.Pipeline()
+	cc, cluster := p.client.(*goredis.ClusterClient)
+	if !wait || !cluster {
+		p.send(ctx, p.client.Pipeline, batch, wait)
+		return
+	}
+	// WAIT counts the replicas of the node it is sent to, for the writes
+	// of its own connection: each node's share of the batch goes to that
+	// node, in a pipeline of its own, with its WAIT.
+	nodes := make(map[*goredis.Client][]*call)
+	for _, c := range batch {
+		node, err := cc.MasterForKey(ctx, c.keys[0])
+		if err != nil {
+			c.err = err
+			close(c.done)
+			continue
+		}
+		nodes[node] = append(nodes[node], c)
+	}
+	var wg sync.WaitGroup
+	for node, calls := range nodes {
+		wg.Go(func() {
+			p.send(ctx, node.Pipeline, calls, slices.ContainsFunc(calls, func(c *call) bool { return c.durable }))
+			for _, c := range calls {
+				if isMoved(c.err) {
+					// The slot moved (a failover, a resharding): the
+					// client learns the new map for the next batch.
+					cc.ReloadState(ctx)
+					break
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// send sends batch as one pipeline made by newPipe, followed by WAIT
+// when wait is set, and hands each call its own reply.
+func (p *pipeliner) send(ctx context.Context, newPipe func() goredis.Pipeliner, batch []*call, wait bool) {
+	pipe := newPipe()
 	cmds := make([]*goredis.Cmd, len(batch))
 	for i, c := range batch {
 		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
+	waitCmd := p.waitCmd(ctx, pipe, wait)
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	// The script cache was flushed (or a failover happened): the
 	// commands that met NOSCRIPT go again as EVAL, which loads the
 	// script again, together in one more pipeline rather than one round
 	// trip each (on a Redis 30 ms away, a batch of a hundred would
-	// otherwise take six seconds).
+	// otherwise take six seconds). That pipeline has a WAIT of its own,
+	// for the writes of its connection.
+	waits := make([]*goredis.Cmd, len(batch))
 	var again goredis.Pipeliner
 	for i, c := range batch {
+		waits[i] = waitCmd
 		if goredis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
 			if again == nil {
-				again = p.client.Pipeline()
+				again = newPipe()
 			}
 			cmds[i] = c.script.Eval(ctx, again, c.keys, c.args...)
+			waits[i] = nil
 		}
 	}
 	if again != nil {
+		againWait := p.waitCmd(ctx, again, wait)
 		_, _ = again.Exec(ctx)
+		for i := range waits {
+			if waits[i] == nil {
+				waits[i] = againWait
+			}
+		}
 	}
 	for i, c := range batch {
 		c.val, c.err = cmds[i].Result()
+		if c.err == nil && c.durable && waits[i] != nil {
+			// A WAIT that failed leaves the write's fate unknown, as a
+			// lost reply does: the call fails.
+			n, err := waits[i].Int()
+			c.acked, c.err = n, err
+		}
 		close(c.done)
 	}
+}
+
+// waitCmd queues WAIT on pipe when wait is set; nil otherwise.
+func (p *pipeliner) waitCmd(ctx context.Context, pipe goredis.Pipeliner, wait bool) *goredis.Cmd {
+	if !wait {
+		return nil
+	}
+	return pipe.Do(ctx, "WAIT", p.wait.Replicas, p.wait.timeout().Milliseconds())
+}
+
+// isMoved reports whether err is a Cluster redirection.
+func isMoved(err error) bool {
+	return goredis.HasErrorPrefix(err, "MOVED") || goredis.HasErrorPrefix(err, "ASK")
 }
 
 // batchContext bounds a batch by the latest deadline among its calls, and

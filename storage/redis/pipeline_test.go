@@ -40,7 +40,7 @@ func stalledPipeliner(t *testing.T) (*pipeliner, *caddyproc.Proxy) {
 	if err := echoScript.Load(t.Context(), client).Err(); err != nil {
 		t.Fatal(err)
 	}
-	p := newPipeliner(client)
+	p := newPipeliner(client, Durability{})
 	t.Cleanup(p.close)
 	return p, proxy
 }
@@ -100,7 +100,7 @@ func TestCallersReturnAtTheirOwnDeadline(t *testing.T) {
 	// Workers stuck on the black hole with long deadlines; the short
 	// calls below go out with one of them, or queue up behind them.
 	for range pipelineWorkers + 1 {
-		go p.do(longCtx, echoScript, []string{"k"}, []any{"filler"})
+		go p.do(longCtx, echoScript, []string{"k"}, []any{"filler"}, false)
 	}
 	start := time.Now()
 	errs := make(chan error, 3)
@@ -108,7 +108,7 @@ func TestCallersReturnAtTheirOwnDeadline(t *testing.T) {
 		go func() {
 			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 			defer cancel()
-			_, err := p.do(ctx, echoScript, []string{"k"}, []any{"short"})
+			_, _, err := p.do(ctx, echoScript, []string{"k"}, []any{"short"}, false)
 			errs <- err
 		}()
 	}
@@ -175,7 +175,7 @@ func TestABatchThatMetNoscriptIsSentAgainInOnePipeline(t *testing.T) {
 	defer client.Close()
 	trips := new(roundTrips)
 	client.AddHook(trips)
-	p := newPipeliner(client)
+	p := newPipeliner(client, Durability{})
 	defer p.close()
 
 	batch := make([]*call, 100)

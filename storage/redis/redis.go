@@ -106,6 +106,10 @@ type Options struct {
 	// client's own password: those go-redis does not give back, such as
 	// a Sentinel's (ClientOptions.Secrets lists them all).
 	Secrets []string
+
+	// Durability makes reservations and completions wait until replicas
+	// acknowledged them (durability.go); the zero value waits for none.
+	Durability Durability
 }
 
 // Check reports what is wrong with o. A KeyPrefix must not hold a brace:
@@ -119,7 +123,7 @@ func (o Options) Check() error {
 	case o.Timeout < 0:
 		return opterr.Errorf("timeout", "redis storage: timeout must be positive, got %v", o.Timeout)
 	}
-	return nil
+	return o.Durability.Check(o.Timeout)
 }
 
 // Store is a storage.Store and storage.Waiter on Redis. It owns its client:
@@ -129,9 +133,11 @@ type Store struct {
 	renewer goredis.UniversalClient // RenewBatch's client: Options.RenewClient, or client
 	prefix  string
 	timeout time.Duration
-	hub     *hub
-	pipe    *pipeliner
-	invalid error // why the options are refused; nil when they are not
+	// durability is Options.Durability.
+	durability Durability
+	hub        *hub
+	pipe       *pipeliner
+	invalid    error // why the options are refused; nil when they are not
 
 	// secrets are the client's passwords, which errors are scrubbed of.
 	secrets []string
@@ -165,13 +171,14 @@ func New(client goredis.UniversalClient, opts Options) *Store {
 		opts.KeyPrefix = DefaultKeyPrefix
 	}
 	s := &Store{
-		client:  client,
-		renewer: client,
-		prefix:  opts.KeyPrefix,
-		timeout: opts.Timeout,
-		hub:     newHub(client),
-		pipe:    newPipeliner(client),
-		secrets: append(secretsOf(client), opts.Secrets...),
+		client:     client,
+		renewer:    client,
+		prefix:     opts.KeyPrefix,
+		timeout:    opts.Timeout,
+		durability: opts.Durability,
+		hub:        newHub(client),
+		pipe:       newPipeliner(client, opts.Durability),
+		secrets:    append(secretsOf(client), opts.Secrets...),
 	}
 	if opts.RenewClient != nil {
 		s.renewer = opts.RenewClient

@@ -1,0 +1,122 @@
+package redis
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
+)
+
+var _ storage.DurabilityReporter = (*Store)(nil)
+
+// unknown is a fact the server would not tell (managed Redis often
+// refuses CONFIG GET, and may refuse INFO sections).
+const unknown = "unknown"
+
+// NodeFacts is what one primary says of what protects its records.
+type NodeFacts struct {
+	Addr               string `json:"addr"`
+	Role               string `json:"role"`               // master, slave; unknown
+	ConnectedReplicas  string `json:"connected_replicas"` // a number; unknown
+	AppendOnly         string `json:"appendonly"`         // yes, no; unknown
+	AppendFsync        string `json:"appendfsync"`        // always, everysec, no; unknown
+	MinReplicasToWrite string `json:"min_replicas_to_write"`
+	Version            string `json:"redis_version"`
+	Error              string `json:"error,omitempty"` // why the node could not be asked at all
+}
+
+// DurabilityFacts is the answer of Store.Durability.
+type DurabilityFacts struct {
+	// Option is the Durability in force: replicas (0: no WAIT), timeout,
+	// on_timeout (fail or proceed) and the command (WAIT).
+	Option map[string]any `json:"option"`
+	// Nodes are the primaries (one, or a Cluster's).
+	Nodes []NodeFacts `json:"nodes"`
+}
+
+// Durability implements storage.DurabilityReporter: the option in force,
+// and each primary's role, replicas and persistence, from INFO and
+// CONFIG GET; what a server refuses to say is "unknown".
+func (s *Store) Durability(ctx context.Context) (any, error) {
+	opt := map[string]any{"replicas": s.durability.Replicas}
+	if s.durability.Replicas > 0 {
+		opt["timeout"] = s.durability.timeout().String()
+		opt["on_timeout"] = "fail"
+		if s.durability.Proceed {
+			opt["on_timeout"] = "proceed"
+		}
+		// WAITAOF (Redis 7.2) is not used: see durability.go.
+		opt["command"] = "WAIT"
+	}
+	out := DurabilityFacts{Option: opt, Nodes: []NodeFacts{}}
+	if s.invalid != nil {
+		return out, nil
+	}
+	cc, ok := s.client.(*goredis.ClusterClient)
+	if !ok {
+		out.Nodes = append(out.Nodes, s.nodeFacts(ctx, s.client))
+		return out, nil
+	}
+	var mu sync.Mutex
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+		f := s.nodeFacts(ctx, c)
+		mu.Lock()
+		out.Nodes = append(out.Nodes, f)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil && len(out.Nodes) == 0 {
+		out.Nodes = append(out.Nodes, NodeFacts{Addr: unknown, Role: unknown, ConnectedReplicas: unknown, AppendOnly: unknown,
+			AppendFsync: unknown, MinReplicasToWrite: unknown, Version: unknown, Error: s.classify(err).Error()})
+	}
+	slices.SortFunc(out.Nodes, func(a, b NodeFacts) int { return strings.Compare(a.Addr, b.Addr) })
+	return out, nil
+}
+
+// nodeFacts asks one node.
+func (s *Store) nodeFacts(ctx context.Context, c goredis.UniversalClient) NodeFacts {
+	f := NodeFacts{Addr: unknown, Role: unknown, ConnectedReplicas: unknown, AppendOnly: unknown,
+		AppendFsync: unknown, MinReplicasToWrite: unknown, Version: unknown}
+	if n, ok := c.(*goredis.Client); ok {
+		f.Addr = n.Options().Addr
+	}
+	if info, err := c.Info(ctx, "replication").Result(); err == nil {
+		f.Role = cmpUnknown(infoField(info, "role"))
+		f.ConnectedReplicas = cmpUnknown(infoField(info, "connected_slaves"))
+	} else {
+		f.Error = s.classify(err).Error()
+	}
+	if info, err := c.Info(ctx, "server").Result(); err == nil {
+		f.Version = cmpUnknown(infoField(info, "redis_version"))
+	}
+	for _, p := range []struct {
+		name string
+		to   *string
+	}{{"appendonly", &f.AppendOnly}, {"appendfsync", &f.AppendFsync}, {"min-replicas-to-write", &f.MinReplicasToWrite}} {
+		if m, err := c.ConfigGet(ctx, p.name).Result(); err == nil {
+			*p.to = cmpUnknown(m[p.name])
+		}
+	}
+	return f
+}
+
+// infoField returns the value of name in an INFO reply, "" when absent.
+func infoField(info, name string) string {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func cmpUnknown(s string) string {
+	if s == "" {
+		return unknown
+	}
+	return s
+}
