@@ -37,6 +37,7 @@ type Fingerprinter struct {
 	canonicalJSON bool
 	ignore        *pointerTrie // JSON members left out; nil for none
 	ignoreKey     []byte       // the ignored pointers, sorted and framed: part of a detail
+	memo          *sumMemo     // canonical sums by raw digest (memo.go); nil for none
 }
 
 // Options configure a Fingerprinter made with NewFingerprinter.
@@ -79,6 +80,9 @@ func New(headers []string, canonicalJSON bool) *Fingerprinter {
 		headers:       make([]string, len(headers)),
 		canonicalJSON: canonicalJSON,
 		ignoreKey:     ignoreKey(nil),
+	}
+	if canonicalJSON {
+		f.memo = new(sumMemo)
 	}
 	for i, h := range headers {
 		f.headers[i] = textproto.CanonicalMIMEHeaderKey(h)
@@ -151,6 +155,22 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 		fr = appendHeaderValues(fr, name, header[name])
 	}
 
+	// A JSON body seen before, byte for byte, with the same frame: its
+	// canonical sum is remembered (memo.go).
+	memo := cfg.memo != nil && cfg.canonicalJSON && DeclaresJSON(header)
+	var raw [Size]byte
+	if memo {
+		fr = rawDigest(st, fr, body)
+		raw = st.sum
+		if cfg.memo.get(&raw, &st.sum) {
+			dst = append(dst, st.sum[:]...)
+			st.frame = fr
+			putSumState(st)
+			return dst, true
+		}
+		st.h.Reset()
+	}
+
 	payload, tag := cfg.body(st, header, body)
 	fr = append(fr, tag)
 	fr = binary.AppendUvarint(fr, uint64(len(payload)))
@@ -163,12 +183,13 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 	// can then pass a stack array.
 	st.h.Sum(st.sum[:0])
 	dst = append(dst, st.sum[:]...)
-
-	if cap(st.frame) <= maxPooledBytes && cap(st.canon) <= maxPooledBytes {
-		sumPool.Put(st)
+	if memo && tag == bodyCanonical {
+		cfg.memo.put(&raw, &st.sum)
 	}
+	putSumState(st)
 	return dst, tag == bodyCanonical
 }
+
 
 // body returns what of body is hashed, in st's buffer when canonical, and
 // its tag.
