@@ -125,9 +125,13 @@ func renewalRun(o options, dir string, inst *caddyproc.Instance, up *upstream, e
 	}
 	// The leases' first renewals, then a steady state.
 	time.Sleep(renewalLockTimeout)
-
 	ctx := context.Background()
 	count := env.counters[store]
+	if count != nil {
+		// PostgreSQL's backends that reserved the keys publish those
+		// commits once idle, up to ten seconds later: before the window.
+		settle(count)
+	}
 	read := func() (batches, atStore int64, cpu time.Duration, err error) {
 		if batches, err = renewBatches(inst.AdminAddr, store); err != nil {
 			return

@@ -190,7 +190,6 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 	return dst, tag == bodyCanonical
 }
 
-
 // body returns what of body is hashed, in st's buffer when canonical, and
 // its tag.
 func (f *Fingerprinter) body(st *sumState, header http.Header, body []byte) ([]byte, byte) {
