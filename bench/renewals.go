@@ -24,7 +24,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
@@ -53,11 +52,6 @@ func renewalRuns(o options, dir, bin string, up *upstream, env *storeEnv, body [
 	for _, n := range o.leases {
 		most = max(most, n)
 	}
-	// Each held request is a connection into Caddy and one out of it, in
-	// this process and in Caddy (which inherits the limit).
-	if err := raiseOpenFiles(uint64(4*most + 10_000)); err != nil {
-		return "", fmt.Errorf("raising the limit of open files for %d held requests: %w", most, err)
-	}
 	var stores []string
 	ports := map[string]int{}
 	var sites strings.Builder
@@ -71,10 +65,14 @@ func renewalRuns(o options, dir, bin string, up *upstream, env *storeEnv, body [
 		}
 		stores = append(stores, s)
 		ports[s] = port
-		fmt.Fprintf(&sites, "http://127.0.0.1:%d {\n%s\treverse_proxy %s\n}\n\n", port, env.renewalDirective(s), up.addr)
+		// The held requests come and go over HTTP/2 without TLS, many on
+		// one connection: 10,000 connections in and 10,000 out would pass
+		// a process's usual limit of open files.
+		fmt.Fprintf(&sites, "http://127.0.0.1:%d {\n%s\treverse_proxy %s %s {\n\t\ttransport http {\n\t\t\tversions h2c\n\t\t}\n\t}\n\treverse_proxy %s\n}\n\n",
+			port, env.renewalDirective(s), holdPath, up.addr, up.addr)
 	}
 	inst, err := caddyproc.Start(bin, dir, "renewals", ports[stores[0]], caddyproc.Config{
-		Globals: "\tlog {\n\t\tlevel ERROR\n\t}",
+		Globals: "\tlog {\n\t\tlevel ERROR\n\t}\n\tservers {\n\t\tprotocols h1 h2 h2c\n\t}",
 		Sites:   sites.String(),
 	})
 	if err != nil {
@@ -190,20 +188,22 @@ type heldRequests struct {
 	err    error
 }
 
-// holdRequests sends n new keys to url, in steps that let Caddy take the
-// connections, each on a connection of its own.
+// holdRequests sends n new keys to url over HTTP/2 (h2c), in steps.
 func holdRequests(url string, n int, body []byte, up *upstream) *heldRequests {
 	h := &heldRequests{}
+	h2c := new(http.Protocols)
+	h2c.SetUnencryptedHTTP2(true)
 	client := &http.Client{
 		Timeout:   holdLimit + time.Minute,
-		Transport: &http.Transport{DisableKeepAlives: true, MaxIdleConnsPerHost: -1},
+		Transport: &http.Transport{Protocols: h2c},
 	}
+	defer client.CloseIdleConnections()
 	prefix := "l-" + randomHex(4)
 	const step = 500
 	for i := range n {
 		if i > 0 && i%step == 0 {
-			// Bound the connections opening at once (the listen
-			// backlog), and only bound a hang: a run past it fails.
+			// Let the store take the reservations in steps; the
+			// deadline only bounds a hang (a run past it fails).
 			deadline := time.Now().Add(2 * time.Minute)
 			for up.holding.Load()+h.done.Load() < int64(i) && time.Now().Before(deadline) {
 				time.Sleep(20 * time.Millisecond)
@@ -333,17 +333,4 @@ func renewalReport(o options, rows []renewalRow) string {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.2fx |\n", r.store, r.leases, r.rpsNone, r.rpsHeld, r.rpsHeld/r.rpsNone)
 	}
 	return b.String()
-}
-
-// raiseOpenFiles raises this process's limit of open files (and so its
-// children's) to at least want, the hard limit too (as root).
-func raiseOpenFiles(want uint64) error {
-	var l syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
-		return err
-	}
-	if l.Cur >= want {
-		return nil
-	}
-	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: want, Max: max(l.Max, want)})
 }

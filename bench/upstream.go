@@ -62,6 +62,11 @@ func startUpstream() (*upstream, error) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(upstreamBody)
 	})}
+	// HTTP/2 without TLS too, for the held requests (renewals.go).
+	u.srv.Protocols = new(http.Protocols)
+	u.srv.Protocols.SetHTTP1(true)
+	u.srv.Protocols.SetUnencryptedHTTP2(true)
+	u.srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}
 	go func() { _ = u.srv.Serve(l) }()
 	return u, nil
 }
