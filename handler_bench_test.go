@@ -137,6 +137,25 @@ func BenchmarkNewKey(b *testing.B) {
 	}
 }
 
+// BenchmarkNewKeyNewBody is BenchmarkNewKey with a body of its own for
+// every key (an amount changes), as new operations mostly have: no
+// request's fingerprint is remembered from one before.
+func BenchmarkNewKeyNewBody(b *testing.B) {
+	h := benchHandler(b)
+	next := nopNext()
+	body := benchJSON()
+	b.ReportAllocs()
+	defer cpuPerOp(b)()
+	b.SetBytes(int64(len(body)))
+	i := 0
+	for b.Loop() {
+		w := &discardWriter{h: http.Header{}}
+		i++
+		body := append(append(strconv.AppendInt(append(body[:0:0], `{"amount":`...), int64(i), 10), ','), body[1:]...)
+		serveCreated(b, h, w, benchRequest("new-"+strconv.Itoa(i), body, w), next)
+	}
+}
+
 func BenchmarkReplay(b *testing.B) {
 	h := benchHandler(b)
 	body := benchJSON()

@@ -25,7 +25,8 @@ var goBenchmarks = []struct {
 	overMemory bool
 }{
 	{name: "BenchmarkReplay", what: "memory replay", ns: 4000, allocs: 15},
-	{name: "BenchmarkNewKey", what: "memory new key", ns: 12000, allocs: 40},
+	{name: "BenchmarkNewKey", what: "memory new key, the same body each time", ns: 12000, allocs: 40},
+	{name: "BenchmarkNewKeyNewBody", what: "memory new key, a body of its own", ns: 12000, allocs: 40},
 	{name: "BenchmarkRedisReplay", what: "Redis replay", ns: 10000, overMemory: true},
 	{name: "BenchmarkPostgresNewKey", what: "PostgreSQL new key"},
 	{name: "BenchmarkRequestSetup", what: "building the request (subtracted above)"},
