@@ -138,6 +138,19 @@ func (f *Fingerprinter) Sum(dst []byte, method, path, rawQuery string, header ht
 // JSON (false when canonicalisation is off, the body is not declared as
 // JSON, or it is not JSON it could canonicalise).
 func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, header http.Header, body []byte) (sum []byte, canonical bool) {
+	sum, _, canonical = f.sumJSON(dst, nil, false, method, path, rawQuery, header, body)
+	return sum, canonical
+}
+
+// SumJSONCanonical is SumJSON that also appends to canon the canonical
+// encoding it hashed, when it encoded the body (canonical, and not a
+// request it remembered): what DetailCanonical takes, so that a request's
+// detail does not canonicalise its body a second time.
+func (f *Fingerprinter) SumJSONCanonical(dst, canon []byte, method, path, rawQuery string, header http.Header, body []byte) (sum, canonOut []byte, canonical bool) {
+	return f.sumJSON(dst, canon, true, method, path, rawQuery, header, body)
+}
+
+func (f *Fingerprinter) sumJSON(dst, canon []byte, keep bool, method, path, rawQuery string, header http.Header, body []byte) (sum, canonOut []byte, canonical bool) {
 	var cfg Fingerprinter
 	if f != nil {
 		cfg = *f
@@ -166,7 +179,7 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 			dst = append(dst, st.sum[:]...)
 			st.frame = fr
 			putSumState(st)
-			return dst, true
+			return dst, canon, true
 		}
 		st.h.Reset()
 	}
@@ -186,8 +199,11 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 	if memo && tag == bodyCanonical {
 		cfg.memo.put(&raw, &st.sum)
 	}
+	if keep && tag == bodyCanonical {
+		canon = append(canon, payload...)
+	}
 	putSumState(st)
-	return dst, tag == bodyCanonical
+	return dst, canon, tag == bodyCanonical
 }
 
 // body returns what of body is hashed, in st's buffer when canonical, and

@@ -2,6 +2,7 @@ package fingerprint
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -127,4 +128,37 @@ func mustPointer(t *testing.T, s string) Pointer {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestDetailOfTheSumsCanonicalJSONIsTheDetail: a detail made from the
+// canonical encoding SumJSONCanonical kept tells every later request the
+// same differences as one Detail makes from the body.
+func TestDetailOfTheSumsCanonicalJSONIsTheDetail(t *testing.T) {
+	f, err := NewFingerprinter(Options{CanonicalJSON: true, Headers: []string{"X-Tenant"}, Ignore: []Pointer{mustPointer(t, "/sent_at")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := memoRequests()
+	for _, first := range reqs {
+		// A Fingerprinter of its own each time: a remembered request
+		// keeps no canonical encoding.
+		g := *f
+		g.memo = new(sumMemo)
+		_, canon, canonical := g.SumJSONCanonical(nil, nil, first.method, first.path, first.query, first.header, []byte(first.body))
+		if canonical != (len(canon) > 0) {
+			t.Fatalf("%+v: canonical %v with %d bytes kept", first, canonical, len(canon))
+		}
+		if !canonical {
+			canon = nil
+		}
+		kept := g.DetailCanonical(first.method, first.path, first.query, first.header, []byte(first.body), canon)
+		made := g.Detail(first.method, first.path, first.query, first.header, []byte(first.body))
+		for _, later := range reqs {
+			a, okA := g.Differs(kept, later.method, later.path, later.query, later.header, []byte(later.body))
+			b, okB := g.Differs(made, later.method, later.path, later.query, later.header, []byte(later.body))
+			if okA != okB || strings.Join(a, ",") != strings.Join(b, ",") {
+				t.Fatalf("first %+v, later %+v: the kept encoding's detail says %v (%v), Detail's %v (%v)", first, later, a, okA, b, okB)
+			}
+		}
+	}
 }
