@@ -42,6 +42,7 @@ type renewalRow struct {
 	cpu        float64 // Caddy's CPU, in cores, while the leases are held
 	rpsHeld    float64 // new keys per second while the leases are held; 0: not measured
 	rpsNone    float64 // the same with no lease held
+	loadFailed int64   // new keys while held not answered 2xx, or wrk's socket errors (timeouts)
 	early      int     // requests answered before they were let go: refused, no lease held
 	lateHolder int     // held requests not answered 201 once let go
 	holdErr    string  // the first error of those
@@ -172,10 +173,8 @@ func renewalRun(o options, dir string, inst *caddyproc.Instance, up *upstream, e
 		if err != nil {
 			return row, fmt.Errorf("new keys while the leases are held: %w", err)
 		}
-		if w.non2xx > 0 || w.errors > 0 {
-			return row, fmt.Errorf("new keys while the leases are held: %d answers were not 2xx, %d socket errors", w.non2xx, w.errors)
-		}
-		row.rpsHeld = w.rps
+		// Reported, not fatal: a loaded machine times some out.
+		row.rpsHeld, row.loadFailed = w.rps, w.non2xx+w.errors
 	}
 	if got := int(up.holding.Load()); got != row.leases {
 		return row, fmt.Errorf("%d requests held at the end of the run, %d at its start", got, row.leases)
@@ -340,13 +339,13 @@ func renewalReport(o options, rows []renewalRow) string {
 		}
 	}
 	b.WriteString("\nNew keys while the most leases are held, against the same site with none (wrk as above, one run each):\n\n")
-	b.WriteString("| store | leases held | new keys/s with none held | new keys/s while held | ratio |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| store | leases held | new keys/s with none held | new keys/s while held | ratio | errors while held (not 2xx, or wrk's timeouts) |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		if r.rpsHeld == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.2fx |\n", r.store, r.leases, r.rpsNone, r.rpsHeld, r.rpsHeld/r.rpsNone)
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.2fx | %d |\n", r.store, r.leases, r.rpsNone, r.rpsHeld, r.rpsHeld/r.rpsNone, r.loadFailed)
 	}
 	return b.String()
 }
