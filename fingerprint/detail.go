@@ -332,9 +332,15 @@ func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header
 	members, listed := 0, false
 	if tag == bodyCanonical {
 		count++ // json options
-		listed = canonicalMembers(payload, func(name, _ []byte) bool {
+		// One pass: the members are counted and kept for the emits below.
+		st.spans = st.spans[:0]
+		listed = canonicalMemberSpans(payload, func(m memberSpan) bool {
 			members++
-			return members <= maxMemberParts && len(name) <= maxMemberName
+			if members > maxMemberParts || m.nameEnd-m.nameAt > maxMemberName {
+				return false
+			}
+			st.spans = append(st.spans, m)
+			return true
 		})
 		if listed {
 			count += 1 + members // object, then the members
@@ -383,13 +389,12 @@ func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header
 	}
 	st.frame = named(partObject)
 	part(nil)
-	canonicalMembers(payload, func(name, member []byte) bool {
-		st.name = appendPointer(st.name[:0], name)
+	for _, m := range st.spans {
+		st.name = appendPointer(st.name[:0], payload[m.nameAt:m.nameEnd])
 		fr := binary.AppendUvarint(st.frame[:0], uint64(len(st.name)))
 		st.frame = append(fr, st.name...)
-		part(member)
-		return true
-	})
+		part(payload[m.start:m.end])
+	}
 }
 
 // appendPointer appends the JSON Pointer of the top-level member name:
@@ -481,6 +486,17 @@ func (d *decoder) string() string {
 // fn returns false. It reports whether enc is an object and fn took every
 // member.
 func canonicalMembers(enc []byte, fn func(name, member []byte) bool) bool {
+	return canonicalMemberSpans(enc, func(m memberSpan) bool {
+		return fn(enc[m.nameAt:m.nameEnd], enc[m.start:m.end])
+	})
+}
+
+// memberSpan locates a member in a canonical encoding: its decoded name
+// and its encoding (name and value).
+type memberSpan struct{ nameAt, nameEnd, start, end int }
+
+// canonicalMemberSpans is canonicalMembers by offsets.
+func canonicalMemberSpans(enc []byte, fn func(m memberSpan) bool) bool {
 	if len(enc) == 0 || enc[0] != tagObject {
 		return false
 	}
@@ -494,7 +510,7 @@ func canonicalMembers(enc []byte, fn func(name, member []byte) bool) bool {
 		if i, ok = skipCanonical(enc, nameEnd); !ok {
 			return false
 		}
-		if !fn(enc[nameAt:nameEnd], enc[start:i]) {
+		if !fn(memberSpan{nameAt, nameEnd, start, i}) {
 			return false
 		}
 	}

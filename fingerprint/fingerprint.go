@@ -105,10 +105,11 @@ func (f *Fingerprinter) CanonicalJSON() bool { return f != nil && f.canonicalJSO
 // sumState is the reusable state of one Sum call.
 type sumState struct {
 	h     hash.Hash
-	frame []byte // everything but the body
-	canon []byte // the canonical encoding of a JSON body
-	name  []byte // the name of a detail's part
-	salt  []byte // the salt of a detail
+	frame []byte       // everything but the body
+	canon []byte       // the canonical encoding of a JSON body
+	name  []byte       // the name of a detail's part
+	salt  []byte       // the salt of a detail
+	spans []memberSpan // the members of a detail's body
 	sum   [Size]byte
 }
 
