@@ -19,8 +19,10 @@
 #                (go install, into GOPATH/bin) are fetched by the go command.
 #   make check   gofmt, go vet, go mod tidy -diff and staticcheck
 #   make bench   the load benchmark (see docs/performance.md; needs wrk, about
-#                30 minutes); BENCH_FLAGS="-write docs/performance.md" records
-#                the result
+#                40 minutes): the handler's Go benchmarks, lease renewal as
+#                leases grow, then the load runs; BENCH_FLAGS="-only renewals"
+#                (or go, load) runs one part, "-write docs/performance.md"
+#                records the result
 #   make soak    the chaos soak (not part of make test; a few minutes: about 4
 #                for the soak's 3 minutes of faults, its quiet period and sweep):
 #                Caddy instances (plain HTTP/1.1 and h2c, TLS with HTTP/2 and

@@ -207,7 +207,7 @@ func redisPrefix() string {
 }
 
 // deleteRedisPrefix deletes every key under prefix on the Redis at addr.
-func deleteRedisPrefix(t *testing.T, addr, prefix string) {
+func deleteRedisPrefix(t testing.TB, addr, prefix string) {
 	t.Helper()
 	c := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer c.Close()

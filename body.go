@@ -38,7 +38,9 @@ func readBody(r *http.Request, limit int64) (*bufferedBody, error) {
 		if r.ContentLength > 0 {
 			buf.Grow(int(min(r.ContentLength, maxPooledBody)))
 		}
-		n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+		body.lr = io.LimitedReader{R: r.Body, N: limit + 1}
+		n, err := buf.ReadFrom(&body.lr)
+		body.lr = io.LimitedReader{}
 		if err == nil && n > limit {
 			err = errBodyTooLarge
 		}
@@ -101,6 +103,7 @@ func bodyReadError(err error) error {
 type bufferedBody struct {
 	mu  sync.Mutex
 	buf *bytes.Buffer
+	lr  io.LimitedReader // reads the body in readBody, without an allocation of its own
 }
 
 // Bytes returns the unread body. Only valid before it is handed on.

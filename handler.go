@@ -178,7 +178,7 @@ func (x *exchange) execute(token storage.Token) error {
 	defer inFlight.Dec()
 	// What a later 422 needs to tell what differs; taken before the next
 	// handler reads the body.
-	detail := h.fingerprint.Detail(r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes())
+	detail := h.fingerprint.DetailCanonical(r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes(), k.canonical)
 	l := h.keeper.holdLease(k.key, token)
 	// Runs after the record is settled: the write that settles it keeps
 	// the lease alive, in aftercare if the store cannot take it at once.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -22,12 +23,27 @@ type keyedRequest struct {
 	sum    [fingerprint.Size]byte // fp's storage
 	body   *bufferedBody
 	unhold func()
+
+	// canonical is the canonical JSON the fingerprint hashed, when it
+	// encoded the body, for the detail of a new key (nil otherwise); its
+	// buffer is pooled.
+	canonical []byte
+	canonBuf  *[]byte
 }
 
 func (k *keyedRequest) done() {
 	k.body.Close()
 	k.unhold()
+	if k.canonBuf != nil {
+		if cap(*k.canonBuf) <= maxPooledBody {
+			canonPool.Put(k.canonBuf)
+		}
+		k.canonBuf, k.canonical = nil, nil
+	}
 }
+
+// canonPool holds the buffers of keyedRequest.canonical.
+var canonPool = sync.Pool{New: func() any { return new([]byte) }}
 
 // refusal is why a request cannot be keyed: the outcome, and in enforce
 // mode the problem it is answered with (none for passed).
@@ -95,7 +111,12 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 	}
 
 	k.path = r.URL.EscapedPath()
-	fp, canonical := h.fingerprint.SumJSON(k.sum[:0], r.Method, k.path, r.URL.RawQuery, r.Header, body.Bytes())
+	k.canonBuf = canonPool.Get().(*[]byte)
+	fp, canon, canonical := h.fingerprint.SumJSONCanonical(k.sum[:0], (*k.canonBuf)[:0], r.Method, k.path, r.URL.RawQuery, r.Header, body.Bytes())
+	*k.canonBuf = canon
+	if len(canon) > 0 {
+		k.canonical = canon
+	}
 	if !canonical && h.fingerprint.CanonicalJSON() && body.Len() > 0 && fingerprint.DeclaresJSON(r.Header) && !json.Valid(body.Bytes()) {
 		// A body that says it is JSON and is not cannot be compared by
 		// meaning, and no JSON upstream can act on it: refuse it here,

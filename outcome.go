@@ -33,6 +33,24 @@ var outcomes = []outcome{
 	outcomeMissing, outcomeInvalid, outcomeTooLarge, outcomeTooManyKeys, outcomeStoreError, outcomePassed,
 }
 
+// outcomeValues are the outcomes as placeholder values, boxed once: a
+// string put in an interface per request would be an allocation.
+var outcomeValues = func() map[outcome]any {
+	m := make(map[outcome]any, len(outcomes))
+	for _, o := range outcomes {
+		m[o] = string(o)
+	}
+	return m
+}()
+
+// value is o as a placeholder value.
+func (o outcome) value() any {
+	if v, ok := outcomeValues[o]; ok {
+		return v
+	}
+	return string(o)
+}
+
 // countOutcome counts one request of the server that serves r.
 func countOutcome(r *http.Request, o outcome) {
 	if c := metricsOf(r).byOutcome[o]; c != nil {
@@ -73,7 +91,7 @@ const (
 // log and a debug log.
 func (x *exchange) settle(o outcome) {
 	h, r, repl := x.h, x.r, x.repl
-	repl.Set(placeholderOutcome, string(o))
+	repl.Set(placeholderOutcome, o.value())
 	if !h.observing {
 		repl.Set(placeholderSettled, true)
 	}

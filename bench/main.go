@@ -20,9 +20,16 @@
 // million live records against the same store empty, with PostgreSQL's
 // cleanup of a million expired rows while it serves (scale.go).
 //
+// Before those, it runs the Go benchmarks of the handler (gobench.go:
+// ns and allocations per request through ServeHTTP), and it measures
+// lease renewal (renewals.go): the round trips per second as the number
+// of long requests holding leases grows, and new keys' throughput while
+// they are held. -only runs some of the parts (go, renewals, load).
+//
 //	go run ./bench [-rounds 5] [-duration 4s] [-conns 32] [-body 86]
 //	               [-stores memory,redis,postgres] [-write docs/performance.md]
 //	               [-profile dir] [-rates 0.5,0.25] [-live 10000000] [-expired 1000000]
+//	               [-only go,renewals,load] [-leases 1,100,10000] [-renewal-window 15s]
 //
 // Redis and PostgreSQL are those of the tests (IDEMPOTENCY_REDIS_URL or
 // IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN; `make bench` starts
@@ -33,6 +40,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -64,6 +72,26 @@ type options struct {
 	live        int // records put in Redis and PostgreSQL; 0 skips
 	expired     int // expired rows the PostgreSQL cleanup run deletes
 	scaleRounds int
+
+	// only lists the parts to run: load, renewals, go (all when empty).
+	only []string
+
+	// The renewal runs (renewals.go).
+	leases        []int
+	renewalWindow time.Duration
+
+	// The Go benchmarks (gobench.go).
+	goCount     int
+	goBenchtime string
+}
+
+// parts are the parts of the benchmark, in the order they run: the Go
+// benchmarks first, while the machine is quiet.
+var parts = []string{"go", "renewals", "load"}
+
+// runs says whether part is to run.
+func (o options) runs(part string) bool {
+	return len(o.only) == 0 || slices.Contains(o.only, part)
 }
 
 func main() {
@@ -86,9 +114,31 @@ func main() {
 	flag.IntVar(&o.live, "live", 10_000_000, "live records put in Redis and PostgreSQL for the runs against a full store (0: skip them)")
 	flag.IntVar(&o.expired, "expired", 1_000_000, "expired PostgreSQL rows for the cleanup run")
 	flag.IntVar(&o.scaleRounds, "scale-rounds", 3, "rounds of the runs against a full store")
+	only := flag.String("only", "", "run only these parts, comma-separated: go (the Go benchmarks of the handler), renewals (lease renewal as leases grow), load (the rest); all when empty")
+	leases := flag.String("leases", "1,100,10000", "numbers of leases held in the renewal runs; new keys' throughput is measured while the last and largest is held")
+	flag.DurationVar(&o.renewalWindow, "renewal-window", 15*time.Second, "how long renewals are counted in each renewal run")
+	flag.IntVar(&o.goCount, "go-count", 5, "runs of each Go benchmark (the report gives the median)")
+	flag.StringVar(&o.goBenchtime, "go-benchtime", "1s", "-benchtime of each Go benchmark run")
 	flag.StringVar(&o.write, "write", "", "also write the results into this Markdown file, between its bench markers")
 	flag.Parse()
 	o.stores = strings.Split(stores, ",")
+	if *only != "" {
+		for _, p := range strings.Split(*only, ",") {
+			if !slices.Contains(parts, p) {
+				fmt.Fprintf(os.Stderr, "bench: -only: %q is not one of %s\n", p, strings.Join(parts, ", "))
+				os.Exit(2)
+			}
+			o.only = append(o.only, p)
+		}
+	}
+	for _, l := range strings.Split(*leases, ",") {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "bench: -leases: %q is not a positive number\n", l)
+			os.Exit(2)
+		}
+		o.leases = append(o.leases, n)
+	}
 	for _, r := range strings.Split(*rates, ",") {
 		f, err := strconv.ParseFloat(r, 64)
 		if err != nil || f <= 0 || f > 1 {

@@ -105,19 +105,16 @@ func maxOf(xs []float64) float64 {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
 
-// Markers delimit the generated part of the performance page.
-const (
-	beginMarker = "<!-- bench:begin -->"
-	endMarker   = "<!-- bench:end -->"
-)
-
 // writeResults puts the results and the machine they ran on between the
-// markers of the Markdown file at path (appending them when it has none).
-func writeResults(path, table string, o options, versions map[string]string) error {
+// markers of section in the Markdown file at path (<!-- section:begin -->
+// and <!-- section:end -->; appending them when it has none), so that a
+// run of some parts (-only) leaves the others' results. header is the
+// first line, with a %s for the date.
+func writeResults(path, section, header, table string, o options, versions map[string]string) error {
+	beginMarker, endMarker := "<!-- "+section+":begin -->", "<!-- "+section+":end -->"
 	var b strings.Builder
 	b.WriteString(beginMarker + "\n")
-	fmt.Fprintf(&b, "Measured %s by `make bench`: %d rounds of %s runs, wrk with %d threads and %d keep-alive connections, %d-byte JSON bodies.\n\n",
-		time.Now().UTC().Format("2006-01-02"), o.rounds, o.duration, o.threads, o.conns, o.bodySize)
+	fmt.Fprintf(&b, header, time.Now().UTC().Format("2006-01-02"))
 	b.WriteString(table)
 	b.WriteString("\nMachine: ")
 	fmt.Fprintf(&b, "%s, %d logical CPUs, %s memory, %s, %s", cpuModel(), runtime.NumCPU(), memTotal(), strings.TrimSpace(command("uname", "-sr")), runtime.Version())

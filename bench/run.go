@@ -45,10 +45,26 @@ var targets = map[string]float64{
 }
 
 func run(o options) error {
-	if o.rounds == 0 {
+	if o.runs("load") && o.rounds == 0 {
 		if o.records > 0 {
 			fmt.Print(memoryStoreReport(o.records))
 		}
+		return nil
+	}
+	var versions map[string]string
+	if o.runs("go") {
+		table, err := goBenchRuns(o)
+		if err != nil {
+			return err
+		}
+		fmt.Print(table)
+		if o.write != "" {
+			if err := writeResults(o.write, "bench-go", "Measured %s by `make bench`.\n\n", table, o, versions); err != nil {
+				return err
+			}
+		}
+	}
+	if !o.runs("renewals") && !o.runs("load") {
 		return nil
 	}
 	if _, err := exec.LookPath("wrk"); err != nil {
@@ -74,13 +90,34 @@ func run(o options) error {
 		return err
 	}
 	defer up.srv.Close()
-	env, err := prepareStores(o.stores, o.pgMaxConns, o.live > 0)
+	env, err := prepareStores(o.stores, o.pgMaxConns, o.runs("load") && o.live > 0)
 	if err != nil {
 		return err
 	}
 	defer env.close()
 
 	body := jsonBody(o.bodySize)
+	if o.runs("renewals") {
+		table, err := renewalRuns(o, dir, bin, up, env, body)
+		if err != nil {
+			return err
+		}
+		fmt.Print(table)
+		if o.write != "" {
+			if err := writeResults(o.write, "bench-renewals", "Measured %s by `make bench`: wrk with "+fmt.Sprintf("%d threads and %d keep-alive connections, %d-byte JSON bodies, %s runs.\n\n", o.threads, o.conns, o.bodySize, o.duration), table, o, env.versions); err != nil {
+				return err
+			}
+		}
+	}
+	if !o.runs("load") {
+		return nil
+	}
+	return loadRuns(o, dir, bin, up, env, body)
+}
+
+// loadRuns is the load part: every case in rounds, latency at fixed
+// rates, the memory store's heap, and the stores with live records.
+func loadRuns(o options, dir, bin string, up *upstream, env *storeEnv, body []byte) error {
 	ports := make(map[string]int)
 	var sites strings.Builder
 	sitesOf := append([]string{"plain", "static"}, o.stores...)
@@ -168,7 +205,9 @@ func run(o options) error {
 	table += heap
 	fmt.Print(table)
 	if o.write != "" {
-		return writeResults(o.write, table, o, env.versions)
+		header := "Measured %s by `make bench`: " + fmt.Sprintf("%d rounds of %s runs, wrk with %d threads and %d keep-alive connections, %d-byte JSON bodies.\n\n",
+			o.rounds, o.duration, o.threads, o.conns, o.bodySize)
+		return writeResults(o.write, "bench", header, table, o, env.versions)
 	}
 	return nil
 }

@@ -69,11 +69,18 @@ var errDetail = errors.New("malformed request detail")
 // differ. Bodies are taken as Sum takes them (declared JSON canonical,
 // ignored members left out).
 func (f *Fingerprinter) Detail(method, path, rawQuery string, header http.Header, body []byte) []byte {
+	return f.DetailCanonical(method, path, rawQuery, header, body, nil)
+}
+
+// DetailCanonical is Detail given the canonical encoding of body that
+// SumJSONCanonical appended for the same request, or nil when it appended
+// none (the body is then taken as Detail takes it).
+func (f *Fingerprinter) DetailCanonical(method, path, rawQuery string, header http.Header, body, canonical []byte) []byte {
 	var salt [saltSize]byte
 	binary.LittleEndian.PutUint64(salt[:8], rand.Uint64())
 	binary.LittleEndian.PutUint64(salt[8:], rand.Uint64())
 	var out []byte
-	f.parts(salt[:], method, path, rawQuery, header, body, func(count int) {
+	f.parts(salt[:], method, path, rawQuery, header, body, canonical, func(count int) {
 		out = make([]byte, 0, 1+saltSize+binary.MaxVarintLen64+count*(16+partDigestSize))
 		out = append(out, detailVersion)
 		out = append(out, salt[:]...)
@@ -120,7 +127,7 @@ func (f *Fingerprinter) Differs(detail []byte, method, path, rawQuery string, he
 		return nil, false
 	}
 	var current []part
-	f.parts(salt, method, path, rawQuery, header, body, func(count int) {
+	f.parts(salt, method, path, rawQuery, header, body, nil, func(count int) {
 		current = make([]part, 0, count)
 	}, func(name []byte, digest [partDigestSize]byte) {
 		current = append(current, part{string(name), digest})
@@ -306,7 +313,7 @@ func putSumState(st *sumState) {
 // for each part, in the order the detail lists them. The name passed to
 // emit is only valid during the call. A part's digest is the first bytes
 // of SHA-256(salt, uvarint(len(name)), name, value).
-func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header http.Header, body []byte,
+func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header http.Header, body, canonical []byte,
 	start func(count int), emit func(name []byte, digest [partDigestSize]byte)) {
 	var cfg Fingerprinter
 	if f != nil {
@@ -314,7 +321,10 @@ func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header
 	}
 	st := sumPool.Get().(*sumState)
 	defer putSumState(st)
-	payload, tag := cfg.body(st, header, body)
+	payload, tag := canonical, byte(bodyCanonical)
+	if canonical == nil {
+		payload, tag = cfg.body(st, header, body)
+	}
 	count := 4 + len(cfg.headers)
 	if cfg.canonicalJSON {
 		count++ // content json
@@ -322,9 +332,15 @@ func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header
 	members, listed := 0, false
 	if tag == bodyCanonical {
 		count++ // json options
-		listed = canonicalMembers(payload, func(name, _ []byte) bool {
+		// One pass: the members are counted and kept for the emits below.
+		st.spans = st.spans[:0]
+		listed = canonicalMemberSpans(payload, func(m memberSpan) bool {
 			members++
-			return members <= maxMemberParts && len(name) <= maxMemberName
+			if members > maxMemberParts || m.nameEnd-m.nameAt > maxMemberName {
+				return false
+			}
+			st.spans = append(st.spans, m)
+			return true
 		})
 		if listed {
 			count += 1 + members // object, then the members
@@ -373,13 +389,12 @@ func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header
 	}
 	st.frame = named(partObject)
 	part(nil)
-	canonicalMembers(payload, func(name, member []byte) bool {
-		st.name = appendPointer(st.name[:0], name)
+	for _, m := range st.spans {
+		st.name = appendPointer(st.name[:0], payload[m.nameAt:m.nameEnd])
 		fr := binary.AppendUvarint(st.frame[:0], uint64(len(st.name)))
 		st.frame = append(fr, st.name...)
-		part(member)
-		return true
-	})
+		part(payload[m.start:m.end])
+	}
 }
 
 // appendPointer appends the JSON Pointer of the top-level member name:
@@ -471,6 +486,17 @@ func (d *decoder) string() string {
 // fn returns false. It reports whether enc is an object and fn took every
 // member.
 func canonicalMembers(enc []byte, fn func(name, member []byte) bool) bool {
+	return canonicalMemberSpans(enc, func(m memberSpan) bool {
+		return fn(enc[m.nameAt:m.nameEnd], enc[m.start:m.end])
+	})
+}
+
+// memberSpan locates a member in a canonical encoding: its decoded name
+// and its encoding (name and value).
+type memberSpan struct{ nameAt, nameEnd, start, end int }
+
+// canonicalMemberSpans is canonicalMembers by offsets.
+func canonicalMemberSpans(enc []byte, fn func(m memberSpan) bool) bool {
 	if len(enc) == 0 || enc[0] != tagObject {
 		return false
 	}
@@ -484,7 +510,7 @@ func canonicalMembers(enc []byte, fn func(name, member []byte) bool) bool {
 		if i, ok = skipCanonical(enc, nameEnd); !ok {
 			return false
 		}
-		if !fn(enc[nameAt:nameEnd], enc[start:i]) {
+		if !fn(memberSpan{nameAt, nameEnd, start, i}) {
 			return false
 		}
 	}

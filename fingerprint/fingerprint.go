@@ -37,6 +37,7 @@ type Fingerprinter struct {
 	canonicalJSON bool
 	ignore        *pointerTrie // JSON members left out; nil for none
 	ignoreKey     []byte       // the ignored pointers, sorted and framed: part of a detail
+	memo          *sumMemo     // canonical sums by raw digest (memo.go); nil for none
 }
 
 // Options configure a Fingerprinter made with NewFingerprinter.
@@ -80,6 +81,9 @@ func New(headers []string, canonicalJSON bool) *Fingerprinter {
 		canonicalJSON: canonicalJSON,
 		ignoreKey:     ignoreKey(nil),
 	}
+	if canonicalJSON {
+		f.memo = new(sumMemo)
+	}
 	for i, h := range headers {
 		f.headers[i] = textproto.CanonicalMIMEHeaderKey(h)
 	}
@@ -101,10 +105,11 @@ func (f *Fingerprinter) CanonicalJSON() bool { return f != nil && f.canonicalJSO
 // sumState is the reusable state of one Sum call.
 type sumState struct {
 	h     hash.Hash
-	frame []byte // everything but the body
-	canon []byte // the canonical encoding of a JSON body
-	name  []byte // the name of a detail's part
-	salt  []byte // the salt of a detail
+	frame []byte       // everything but the body
+	canon []byte       // the canonical encoding of a JSON body
+	name  []byte       // the name of a detail's part
+	salt  []byte       // the salt of a detail
+	spans []memberSpan // the members of a detail's body
 	sum   [Size]byte
 }
 
@@ -134,6 +139,19 @@ func (f *Fingerprinter) Sum(dst []byte, method, path, rawQuery string, header ht
 // JSON (false when canonicalisation is off, the body is not declared as
 // JSON, or it is not JSON it could canonicalise).
 func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, header http.Header, body []byte) (sum []byte, canonical bool) {
+	sum, _, canonical = f.sumJSON(dst, nil, false, method, path, rawQuery, header, body)
+	return sum, canonical
+}
+
+// SumJSONCanonical is SumJSON that also appends to canon the canonical
+// encoding it hashed, when it encoded the body (canonical, and not a
+// request it remembered): what DetailCanonical takes, so that a request's
+// detail does not canonicalise its body a second time.
+func (f *Fingerprinter) SumJSONCanonical(dst, canon []byte, method, path, rawQuery string, header http.Header, body []byte) (sum, canonOut []byte, canonical bool) {
+	return f.sumJSON(dst, canon, true, method, path, rawQuery, header, body)
+}
+
+func (f *Fingerprinter) sumJSON(dst, canon []byte, keep bool, method, path, rawQuery string, header http.Header, body []byte) (sum, canonOut []byte, canonical bool) {
 	var cfg Fingerprinter
 	if f != nil {
 		cfg = *f
@@ -151,6 +169,22 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 		fr = appendHeaderValues(fr, name, header[name])
 	}
 
+	// A JSON body seen before, byte for byte, with the same frame: its
+	// canonical sum is remembered (memo.go).
+	memo := cfg.memo != nil && cfg.canonicalJSON && DeclaresJSON(header)
+	var raw [Size]byte
+	if memo {
+		fr = rawDigest(st, fr, body)
+		raw = st.sum
+		if cfg.memo.get(&raw, &st.sum) {
+			dst = append(dst, st.sum[:]...)
+			st.frame = fr
+			putSumState(st)
+			return dst, canon, true
+		}
+		st.h.Reset()
+	}
+
 	payload, tag := cfg.body(st, header, body)
 	fr = append(fr, tag)
 	fr = binary.AppendUvarint(fr, uint64(len(payload)))
@@ -163,11 +197,14 @@ func (f *Fingerprinter) SumJSON(dst []byte, method, path, rawQuery string, heade
 	// can then pass a stack array.
 	st.h.Sum(st.sum[:0])
 	dst = append(dst, st.sum[:]...)
-
-	if cap(st.frame) <= maxPooledBytes && cap(st.canon) <= maxPooledBytes {
-		sumPool.Put(st)
+	if memo && tag == bodyCanonical {
+		cfg.memo.put(&raw, &st.sum)
 	}
-	return dst, tag == bodyCanonical
+	if keep && tag == bodyCanonical {
+		canon = append(canon, payload...)
+	}
+	putSumState(st)
+	return dst, canon, tag == bodyCanonical
 }
 
 // body returns what of body is hashed, in st's buffer when canonical, and

@@ -182,16 +182,27 @@ func (d *decoder) header() http.Header {
 		return nil
 	}
 	h := make(http.Header, names)
+	// The values of every name are carved from one array (most names
+	// have one value); each slice is capped, so that appending to one
+	// never writes into the next.
+	var all []string
 	for range names {
 		name := d.string()
-		values := make([]string, d.count())
-		for i := range values {
-			values[i] = d.string()
+		n := d.count()
+		if d.err != nil {
+			return nil
+		}
+		if cap(all)-len(all) < n {
+			all = make([]string, 0, max(n, names))
+		}
+		start := len(all)
+		for range n {
+			all = append(all, d.string())
 		}
 		if d.err != nil {
 			return nil
 		}
-		h[name] = values
+		h[name] = all[start:len(all):len(all)]
 	}
 	return h
 }

@@ -124,7 +124,9 @@ const HashLen = 16
 // that logs, placeholders and the admin API name a record by.
 func (k Key) Hash() string {
 	d := k.Digest()
-	return hex.EncodeToString(d[:HashLen/2])
+	var out [HashLen]byte // on the stack: the string is the one allocation
+	hex.Encode(out[:], d[:HashLen/2])
+	return string(out[:])
 }
 
 // Token names one lease on an in-flight record. Stores create a fresh random
