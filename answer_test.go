@@ -81,7 +81,7 @@ func TestEveryOutcomeHasItsRowInBothModes(t *testing.T) {
 				code, outcome, nextRan := actOn(t, h, a)
 
 				if mode == modeObserve {
-					if a.act == actRun {
+					if a.action == actRun {
 						continue // the first request runs as in enforce mode
 					}
 					if !nextRan || code != http.StatusTeapot || outcome != string(a.outcome) {
@@ -89,7 +89,7 @@ func TestEveryOutcomeHasItsRowInBothModes(t *testing.T) {
 					}
 					continue
 				}
-				switch a.act {
+				switch a.action {
 				case actReject:
 					if nextRan || code != a.problem.status || outcome != string(a.outcome) {
 						t.Errorf("enforce: next ran %v, status %d, outcome %q; want %d and outcome %q", nextRan, code, outcome, a.problem.status, a.outcome)
@@ -140,9 +140,9 @@ func actOn(t *testing.T, h *Handler, a answer) (code int, outcome string, nextRa
 		w.WriteHeader(http.StatusTeapot)
 		return nil
 	})
-	switch a.act {
+	switch a.action {
 	case actRun:
-		res, err := h.store.Reserve(t.Context(), k.key, k.fp, time.Minute)
+		res, err := h.rawStore().Reserve(t.Context(), k.key, k.fp, time.Minute)
 		if err != nil || res.Outcome != storage.Acquired {
 			t.Fatalf("reserving the test key: %v %v", res.Outcome, err)
 		}
@@ -150,7 +150,7 @@ func actOn(t *testing.T, h *Handler, a answer) (code int, outcome string, nextRa
 	case actReplay, actReject:
 		x.res = storage.Reservation{Record: &storage.Record{State: storage.Completed, Response: &storage.Response{Status: http.StatusCreated}}}
 	}
-	err := x.act(a)
+	err := x.carryOut(a)
 	if err != nil {
 		var he caddyhttp.HandlerError
 		if errors.As(err, &he) {

@@ -46,11 +46,11 @@ func TestANewBackendIsOneShortModule(t *testing.T) {
 		t.Fatalf("admin GET of the new backend's record: %d %v", code, body)
 	}
 
-	storagetest.Run(t, h.store)
+	storagetest.Run(t, h.rawStore())
 
 	// The same JSON config loads it too, and shares the store.
 	j := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"testfake","capacity":100000}`)})
-	if j.store != h.store {
+	if j.rawStore() != h.rawStore() {
 		t.Error("two handlers with one testfake configuration have two stores")
 	}
 }

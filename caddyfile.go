@@ -195,7 +195,7 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser, given cfargs.Given) erro
 		if h.WaitTimeout != 0 {
 			return d.Err("the wait timeout is already given by wait_timeout")
 		}
-		// Parsed here rather than with durationArg, which would name the
+		// Parsed here rather than with cfargs.DurationArg, which would name the
 		// option after the current token ("wait").
 		s := d.Val()
 		dur, err := cfargs.ParseDuration("in_flight wait", s)

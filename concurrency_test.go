@@ -223,7 +223,7 @@ func TestDistinctKeysRunConcurrently(t *testing.T) {
 func twoInstances(t *testing.T, b *testStore, h1, h2 *Handler) (*Handler, *Handler) {
 	t.Helper()
 	x, y := b.instance(t, h1, 1), b.instance(t, h2, 2)
-	if x.store == y.store {
+	if x.rawStore() == y.rawStore() {
 		t.Fatal("the two instances share a store; want a client or pool each")
 	}
 	return x, y

@@ -150,12 +150,14 @@ func problemOf(t *testing.T, w *httptest.ResponseRecorder) problemBody {
 
 // records counts what a handler's memory store holds.
 func records(h *Handler) int {
-	return h.store.(interface{ Len() int }).Len()
+	return h.rawStore().(interface{ Len() int }).Len()
 }
 
 // useStore puts store under h in place of its backend's, as Provision
 // would have: h's keeper observes it, and aftercare writes to it.
 func (h *Handler) useStore(store storage.Store) {
-	h.store = store
-	h.keeper = newKeeper(store, h.backendName).forHandler(time.Duration(h.lockTimeout), time.Duration(h.ttl), h.logger, h.holdStore)
+	h.keeper = newKeeper(store, h.backendName).forHandler(time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger, h.holdStore)
 }
+
+// rawStore is the store h's requests talk to, unobserved.
+func (h *Handler) rawStore() storage.Store { return h.keeper.store }

@@ -14,7 +14,7 @@ import (
 )
 
 // keeper owns a handler's conversation with its store: what a request
-// says to the store (reserve, await, complete, release), the lease it
+// says to the store (claim, await, complete, release), the lease it
 // holds meanwhile, and the writes aftercare takes over when the store
 // cannot take them at once. Every call to the store goes through one of
 // the methods named for the storage operations below, which observe it
@@ -174,12 +174,12 @@ func (k *keeper) ListInFlight(ctx context.Context, after string, limit int) ([]s
 
 // The conversation of a request.
 
-// reserve claims key for a request. A reservation that an earlier
+// claim reserves key for a request. A reservation that an earlier
 // request abandoned (its Reserve failed, yet may have been written) is
 // released on the spot when it is what holds the key: the client was told
 // 503 and invited to retry. Store calls outlive the client: a reservation
 // made for a client that hung up mid-call must still be answered for.
-func (k *keeper) reserve(ctx context.Context, key storage.Key, fp []byte) (storage.Reservation, error) {
+func (k *keeper) claim(ctx context.Context, key storage.Key, fp []byte) (storage.Reservation, error) {
 	ctx = context.WithoutCancel(ctx)
 	res, err := k.Reserve(ctx, key, fp, k.lockTimeout)
 	if err == nil && res.Outcome == storage.Conflict && k.aftercare.reclaim(key) {
@@ -190,6 +190,11 @@ func (k *keeper) reserve(ctx context.Context, key storage.Key, fp []byte) (stora
 	}
 	return res, err
 }
+
+// maxWaitBetweenLooks bounds one Wait on a store that notifies: a waiter
+// looks at the record at least this often. Looking costs a store round
+// trip (a transaction on PostgreSQL), so it is not short.
+const maxWaitBetweenLooks = 5 * time.Second
 
 // await blocks while the first request with key runs, for up to wait, and
 // returns what the store holds then: a Replay when it completed, Acquired
@@ -212,7 +217,7 @@ func (k *keeper) await(ctx context.Context, key storage.Key, fp []byte, res stor
 			pause = min(2*pause, 250*time.Millisecond)
 		}
 		var err error
-		if res, err = k.reserve(ctx, key, fp); err != nil {
+		if res, err = k.claim(ctx, key, fp); err != nil {
 			return res, err
 		}
 	}

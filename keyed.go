@@ -49,18 +49,18 @@ type refusal struct {
 // its done must be called when the request is over: a request that goes
 // on (no key found in the body, observe mode) reads its body from k.
 func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedRequest, ref *refusal) {
-	values := r.Header[h.headerKey]
-	if len(values) == 0 && h.keyJSON == nil {
+	values := r.Header[h.policy.headerKey]
+	if len(values) == 0 && h.policy.keyJSON == nil {
 		return nil, h.noKey()
 	}
 	var id string
 	if len(values) > 0 {
 		var err error
-		if id, err = fingerprint.ParseKey(values, h.maxKeyLength); err != nil {
+		if id, err = fingerprint.ParseKey(values, h.policy.maxKeyLength); err != nil {
 			return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: err.Error()}
 		}
 	}
-	scope, ok := h.scope.hash(repl, h.observing)
+	scope, ok := h.policy.scope.hash(repl, h.policy.observing)
 	if !ok {
 		return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid,
 			detail: "the request carries no client identity to scope the key to"}
@@ -72,12 +72,12 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 	if !ok {
 		return nil, &refusal{outcome: outcomeStoreError, err: errStoreClosed}
 	}
-	body, err := readBody(r, h.maxBodySize)
+	body, err := readBody(r, h.policy.maxBodySize)
 	if err != nil {
 		unhold()
 		if errors.Is(err, errBodyTooLarge) {
 			return nil, &refusal{outcome: outcomeTooLarge, problem: problemTooLarge,
-				detail: fmt.Sprintf("requests with an %s may carry at most %d bytes", h.header, h.maxBodySize)}
+				detail: fmt.Sprintf("requests with an %s may carry at most %d bytes", h.policy.header, h.policy.maxBodySize)}
 		}
 		return nil, &refusal{outcome: outcomeInvalid, err: err}
 	}
@@ -88,15 +88,15 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 		}
 	}
 	k.key = storage.Key{Scope: scope, ID: id}
-	if h.observing {
+	if h.policy.observing {
 		repl.Set(placeholderObservedKeyHash, k.key.Hash())
 	} else {
 		repl.Set(placeholderKeyHash, k.key.Hash())
 	}
 
 	k.path = r.URL.EscapedPath()
-	fp, canonical := h.fingerprint.SumJSON(k.sum[:0], r.Method, k.path, r.URL.RawQuery, r.Header, body.Bytes())
-	if !canonical && h.fingerprint.CanonicalJSON() && body.Len() > 0 && fingerprint.DeclaresJSON(r.Header) && !json.Valid(body.Bytes()) {
+	fp, canonical := h.policy.fingerprint.SumJSON(k.sum[:0], r.Method, k.path, r.URL.RawQuery, r.Header, body.Bytes())
+	if !canonical && h.policy.fingerprint.CanonicalJSON() && body.Len() > 0 && fingerprint.DeclaresJSON(r.Header) && !json.Valid(body.Bytes()) {
 		// A body that says it is JSON and is not cannot be compared by
 		// meaning, and no JSON upstream can act on it: refuse it here,
 		// before anything is stored.
@@ -109,12 +109,12 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 
 // noKey is the refusal of a request without a key.
 func (h *Handler) noKey() *refusal {
-	if !h.required {
+	if !h.policy.required {
 		return &refusal{outcome: outcomePassed}
 	}
-	detail := fmt.Sprintf("this endpoint requires an %s header with a unique key per operation", h.header)
-	if h.keyJSON != nil {
-		detail = fmt.Sprintf("this endpoint requires an %s header, or a JSON body with the key at %s", h.header, h.keyJSON)
+	detail := fmt.Sprintf("this endpoint requires an %s header with a unique key per operation", h.policy.header)
+	if h.policy.keyJSON != nil {
+		detail = fmt.Sprintf("this endpoint requires an %s header, or a JSON body with the key at %s", h.policy.header, h.policy.keyJSON)
 	}
 	return &refusal{outcome: outcomeMissing, problem: problemKeyMissing, detail: detail}
 }
@@ -123,18 +123,18 @@ func (h *Handler) noKey() *refusal {
 // key syntax, or an integer as its decimal text. A body that is not JSON,
 // or has no member there (or null), has no key.
 func (h *Handler) keyFromBody(body []byte) (string, *refusal) {
-	v, found, err := h.keyJSON.Lookup(body)
+	v, found, err := h.policy.keyJSON.Lookup(body)
 	if errors.Is(err, fingerprint.ErrDuplicateMember) {
 		// Parsers disagree on which of two members counts: the upstream
 		// could act on another key than the one recorded.
 		return "", &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid,
-			detail: fmt.Sprintf("the key at %s is ambiguous: %v; send each member once", h.keyJSON, err)}
+			detail: fmt.Sprintf("the key at %s is ambiguous: %v; send each member once", h.policy.keyJSON, err)}
 	}
 	if err != nil || !found || string(v) == "null" {
 		return "", h.noKey()
 	}
 	invalid := func(why string) *refusal {
-		return &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: fmt.Sprintf("the key at %s %s", h.keyJSON, why)}
+		return &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: fmt.Sprintf("the key at %s %s", h.policy.keyJSON, why)}
 	}
 	switch {
 	case v[0] == '"':
@@ -142,14 +142,14 @@ func (h *Handler) keyFromBody(body []byte) (string, *refusal) {
 		if json.Unmarshal(v, &s) != nil {
 			return "", invalid("is not a valid JSON string")
 		}
-		id, err := fingerprint.ParseKey([]string{s}, h.maxKeyLength)
+		id, err := fingerprint.ParseKey([]string{s}, h.policy.maxKeyLength)
 		if err != nil || strings.ContainsRune(s, '"') {
-			return "", invalid("must be visible ASCII without commas or quotes, at most " + fmt.Sprint(h.maxKeyLength) + " bytes")
+			return "", invalid("must be visible ASCII without commas or quotes, at most " + fmt.Sprint(h.policy.maxKeyLength) + " bytes")
 		}
 		return id, nil
 	case isJSONInteger(v):
-		if len(v) > h.maxKeyLength {
-			return "", invalid(fmt.Sprintf("is longer than %d digits", h.maxKeyLength))
+		if len(v) > h.policy.maxKeyLength {
+			return "", invalid(fmt.Sprintf("is longer than %d digits", h.policy.maxKeyLength))
 		}
 		return string(v), nil
 	}

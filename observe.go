@@ -12,7 +12,7 @@ package idempotency
 // to read (keyedRequest.body).
 func (x *exchange) observe(a answer) error {
 	switch {
-	case a.act == actRun:
+	case a.action == actRun:
 		return x.execute(x.res.Token)
 	case a.outcome == outcomePassed:
 		return x.pass()

@@ -74,17 +74,17 @@ const (
 func (x *exchange) settle(o outcome) {
 	h, r, repl := x.h, x.r, x.repl
 	repl.Set(placeholderOutcome, string(o))
-	if !h.observing {
+	if !h.policy.observing {
 		repl.Set(placeholderSettled, true)
 	}
-	if h.observing {
+	if h.policy.observing {
 		countObserved(r, o)
 	} else {
 		countOutcome(r, o)
 	}
-	traceOutcome(r.Context(), o, repl, h.backendName, h.observing)
+	traceOutcome(r.Context(), o, repl, h.backendName, h.policy.observing)
 	khName, outcomeField, hashField := placeholderKeyHash, "idempotency_outcome", "idempotency_key_hash"
-	if h.observing {
+	if h.policy.observing {
 		// The access log says what was only observed, apart from what an
 		// enforcing handler did with the same request.
 		khName, outcomeField, hashField = placeholderObservedKeyHash, "idempotency_observed", "idempotency_observed_key_hash"
@@ -112,7 +112,7 @@ func (x *exchange) settle(o outcome) {
 // handler counts what it saw on its own (observed_total).
 func (x *exchange) pass() error {
 	h, w, r, next, repl := x.h, x.w, x.r, x.next, x.repl
-	if h.observing {
+	if h.policy.observing {
 		x.settle(outcomePassed)
 		return next.ServeHTTP(w, r)
 	}

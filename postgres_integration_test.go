@@ -87,7 +87,7 @@ func TestPostgresStatementsPerRequest(t *testing.T) {
 	dsn := pgtest.Require(t)
 	dbDSN, db := pgtest.Database(t, dsn)
 	h := onPostgres(t, &Handler{}, dbDSN, "idempotency_keys", `"max_conns":1`)
-	session := h.store.(*postgres.Store).Pool()
+	session := h.rawStore().(*postgres.Store).Pool()
 	up := &upstream{}
 	n := 0
 	newPost := func() {

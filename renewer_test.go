@@ -441,7 +441,7 @@ func TestAStoreWithoutBatchesRenewsEachLease(t *testing.T) {
 func TestARenewerLeavesOnceIdle(t *testing.T) {
 	k, _ := testKeeper(t, "renewer-test")
 	key := storage.Key{Scope: "s", ID: "k"}
-	res, err := k.reserve(t.Context(), key, []byte("fp"))
+	res, err := k.claim(t.Context(), key, []byte("fp"))
 	if err != nil {
 		t.Fatal(err)
 	}

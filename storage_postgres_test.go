@@ -13,8 +13,8 @@ import (
 // is down.
 func TestPostgresProvisionNeedsNoServer(t *testing.T) {
 	h := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"postgres","dsn":"postgres://postgres@127.0.0.1:1/test"}`)})
-	if h.backendName != "postgres" || h.store == nil {
-		t.Fatalf("backend %q, store %v", h.backendName, h.store)
+	if h.backendName != "postgres" || h.rawStore() == nil {
+		t.Fatalf("backend %q, store %v", h.backendName, h.rawStore())
 	}
 	if h.keeper.waiter == nil {
 		t.Fatal("the postgres store is a Waiter: waiting requests share one poll per key")
@@ -44,10 +44,10 @@ func TestPostgresPoolSharedPerConfiguration(t *testing.T) {
 	b := provision(t, &Handler{TTL: caddy.Duration(3600_000_000_000), StorageRaw: json.RawMessage(`{"backend":"postgres",` + dsn + `,"table":"shared_a"}`)})
 	c := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"postgres",` + dsn + `,"table":"shared_a","max_conns":3}`)})
 	d := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"postgres",` + dsn + `,"table":"shared_b"}`)})
-	if a.store != b.store {
+	if a.rawStore() != b.rawStore() {
 		t.Error("handlers with the same storage configuration have different stores")
 	}
-	if a.store == c.store || a.store == d.store || c.store == d.store {
+	if a.rawStore() == c.rawStore() || a.rawStore() == d.rawStore() || c.rawStore() == d.rawStore() {
 		t.Error("handlers with different storage configurations share a store")
 	}
 }

@@ -58,7 +58,7 @@ func (f *flakyStore) Complete(ctx context.Context, key storage.Key, token storag
 }
 
 func withFlakyStore(h *Handler) *flakyStore {
-	f := &flakyStore{Store: h.store}
+	f := &flakyStore{Store: h.rawStore()}
 	h.useStore(f)
 	return f
 }
@@ -254,7 +254,7 @@ func (s *lostReplyStore) Release(ctx context.Context, key storage.Key, token sto
 
 func TestReservationWithALostReplyIsReleased(t *testing.T) {
 	h := isolated(t, &Handler{})
-	store := &lostReplyStore{Store: h.store}
+	store := &lostReplyStore{Store: h.rawStore()}
 	h.useStore(store)
 	store.lose.Store(true)
 	up := &upstream{}
@@ -275,7 +275,7 @@ func TestAbandonedReservationIsReleasedInTheBackground(t *testing.T) {
 	shared := json.RawMessage(`{"backend":"memory","max_keys":` + strconv.FormatInt(900_000_000+nextMaxKeys.Add(1), 10) + `}`)
 	a := provision(t, &Handler{StorageRaw: shared})
 	b := provision(t, &Handler{StorageRaw: shared})
-	store := &lostReplyStore{Store: a.store}
+	store := &lostReplyStore{Store: a.rawStore()}
 	a.useStore(store)
 	store.lose.Store(true)
 	up := &upstream{}

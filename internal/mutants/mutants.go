@@ -73,8 +73,8 @@ var All = []Mutant{
 		Name: "observe-takes", Audit: true,
 		Breaks: "an observing handler marks the request as taken: an enforcing handler inside it passes every request through",
 		File:   "keyed.go",
-		Old:    "\tif h.observing {\n\t\trepl.Set(placeholderObservedKeyHash",
-		New:    "\tif false && h.observing {\n\t\trepl.Set(placeholderObservedKeyHash",
+		Old:    "\tif h.policy.observing {\n\t\trepl.Set(placeholderObservedKeyHash",
+		New:    "\tif false && h.policy.observing {\n\t\trepl.Set(placeholderObservedKeyHash",
 	},
 	{
 		Name: "fingerprint-skipped-on-replay", Audit: true,
@@ -87,8 +87,8 @@ var All = []Mutant{
 		Name: "5xx-recorded", Audit: true,
 		Breaks: "5xx answers recorded instead of freeing the key: a retry after an upstream failure is replayed the failure",
 		File:   "handler.go",
-		Old:    "\tcase h.releaseOn.has(status):\n",
-		New:    "\tcase h.releaseOn.has(status) && status < 500:\n",
+		Old:    "\tcase h.policy.releaseOn.has(status):\n",
+		New:    "\tcase h.policy.releaseOn.has(status) && status < 500:\n",
 	},
 	{
 		Name: "stall-per-write", Audit: true,
