@@ -337,7 +337,7 @@ func adminScopeHash(template string, values []string) (string, error) {
 		}
 		repl.Set(k, values[i])
 	}
-	hash, ok := t.hash(repl, false)
+	hash, ok := t.hash(repl, "")
 	if !ok {
 		return "", errors.New("this scope is blank: the handler refuses such requests (400), so no record has it")
 	}

@@ -150,7 +150,7 @@ func actOn(t *testing.T, h *Handler, a answer) (code int, outcome string, nextRa
 	case actReplay, actReject:
 		x.res = storage.Reservation{Record: &storage.Record{State: storage.Completed, Response: &storage.Response{Status: http.StatusCreated}}}
 	}
-	err := x.carryOut(a)
+	err := h.policy.mode.carryOut(&x, a)
 	if err != nil {
 		var he caddyhttp.HandlerError
 		if errors.As(err, &he) {

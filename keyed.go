@@ -60,7 +60,7 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 			return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: err.Error()}
 		}
 	}
-	scope, ok := h.policy.scope.hash(repl, h.policy.observing)
+	scope, ok := h.policy.scope.hash(repl, h.policy.mode.traits().scopePrefix)
 	if !ok {
 		return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid,
 			detail: "the request carries no client identity to scope the key to"}
@@ -88,11 +88,7 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 		}
 	}
 	k.key = storage.Key{Scope: scope, ID: id}
-	if h.policy.observing {
-		repl.Set(placeholderObservedKeyHash, k.key.Hash())
-	} else {
-		repl.Set(placeholderKeyHash, k.key.Hash())
-	}
+	repl.Set(h.policy.mode.traits().keyHash, k.key.Hash())
 
 	k.path = r.URL.EscapedPath()
 	fp, canonical := h.policy.fingerprint.SumJSON(k.sum[:0], r.Method, k.path, r.URL.RawQuery, r.Header, body.Bytes())

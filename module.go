@@ -246,7 +246,7 @@ type policy struct {
 	onStorageError  string
 	replayHeader    string // canonical; empty for off
 	docsURL         string
-	observing       bool                 // mode observe
+	mode            mode                 // how the handler acts on an answer
 	errors          string               // errors problem or handle_errors
 	keyJSON         *fingerprint.Pointer // nil without key_json
 }
@@ -342,7 +342,7 @@ func (h *Handler) compile() (policy, error) {
 	case h.Errors != "" && h.Errors != errorsProblem && h.Errors != errorsHandleErrors:
 		return policy{}, opterr.Errorf("errors", "errors must be %s or %s, got '%s'", errorsProblem, errorsHandleErrors, h.Errors)
 	}
-	p.observing = h.Mode == modeObserve
+	p.mode = modes[cmp.Or(h.Mode, modeEnforce)]
 	p.errors = cmp.Or(h.Errors, errorsProblem)
 	if h.KeyJSON != "" {
 		ptr, err := fingerprint.ParsePointer(h.KeyJSON)

@@ -87,7 +87,7 @@ func TestProvisionDefaults(t *testing.T) {
 		{"on_storage_error", h.policy.onStorageError, "fail_closed"},
 		{"replay_header (effective)", h.policy.replayHeader, "Idempotent-Replayed"},
 		{"docs_url", h.policy.docsURL, ""},
-		{"mode", h.policy.observing, false},
+		{"mode", h.policy.mode.traits().name, "enforce"},
 		{"errors", h.policy.errors, "problem"},
 		{"storage backend", h.backendName, "memory"},
 	}

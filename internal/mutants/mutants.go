@@ -72,9 +72,9 @@ var All = []Mutant{
 	{
 		Name: "observe-takes", Audit: true,
 		Breaks: "an observing handler marks the request as taken: an enforcing handler inside it passes every request through",
-		File:   "keyed.go",
-		Old:    "\tif h.policy.observing {\n\t\trepl.Set(placeholderObservedKeyHash",
-		New:    "\tif false && h.policy.observing {\n\t\trepl.Set(placeholderObservedKeyHash",
+		File:   "observe.go",
+		Old:    "\tkeyHash: placeholderObservedKeyHash,",
+		New:    "\tkeyHash: placeholderKeyHash,",
 	},
 	{
 		Name: "fingerprint-skipped-on-replay", Audit: true,
