@@ -46,21 +46,48 @@ type answer struct {
 // logNone marks an answer without a log line of its own.
 const logNone = zapcore.InvalidLevel
 
-// refusalAnswer is the answer to a request that could not be keyed.
-func (h *Handler) refusalAnswer(ref *refusal) answer {
-	switch {
-	case ref.outcome == outcomePassed:
-		return answer{outcome: outcomePassed, action: actPass, level: logNone}
-	case errors.Is(ref.err, errStoreClosed):
-		return h.storeErrorAnswer(ref.err)
-	case ref.err != nil:
-		return answer{outcome: ref.outcome, action: actFail, err: ref.err, level: logNone}
+// refusalAnswer is the answer to a request that could not be keyed
+// (keyed.go says why).
+func (p *policy) refusalAnswer(ref *refusal) answer {
+	reject := func(o outcome, pr problem, detail string) answer {
+		return answer{outcome: o, action: actReject, problem: pr, detail: detail, level: logNone}
 	}
-	return answer{outcome: ref.outcome, action: actReject, problem: ref.problem, detail: ref.detail, level: logNone}
+	switch ref.why {
+	case noKey:
+		switch {
+		case !p.required:
+			return answer{outcome: outcomePassed, action: actPass, level: logNone}
+		case p.keyJSON != nil:
+			return reject(outcomeMissing, problemKeyMissing,
+				fmt.Sprintf("this endpoint requires an %s header, or a JSON body with the key at %s", p.header, p.keyJSON))
+		}
+		return reject(outcomeMissing, problemKeyMissing,
+			fmt.Sprintf("this endpoint requires an %s header with a unique key per operation", p.header))
+	case keyMalformed:
+		return reject(outcomeInvalid, problemKeyInvalid, ref.err.Error())
+	case noScope:
+		return reject(outcomeInvalid, problemKeyInvalid, "the request carries no client identity to scope the key to")
+	case storeClosed:
+		return p.storeErrorAnswer(errStoreClosed)
+	case bodyTooLarge:
+		return reject(outcomeTooLarge, problemTooLarge,
+			fmt.Sprintf("requests with an %s may carry at most %d bytes", p.header, p.maxBodySize))
+	case bodyUnreadable:
+		return answer{outcome: outcomeInvalid, action: actFail, err: ref.err, level: logNone}
+	case keyAmbiguous:
+		return reject(outcomeInvalid, problemKeyInvalid,
+			fmt.Sprintf("the key at %s is ambiguous: %v; send each member once", p.keyJSON, ref.err))
+	case keyJSONInvalid:
+		return reject(outcomeInvalid, problemKeyInvalid, fmt.Sprintf("the key at %s %s", p.keyJSON, ref.what))
+	case bodyNotJSON:
+		return reject(outcomeInvalid, problemBodyNotJSON, "the request body is declared as JSON but is not valid JSON")
+	}
+	err := fmt.Errorf("idempotency: unknown refusal %d", ref.why)
+	return answer{outcome: outcomeInvalid, action: actFail, err: err, level: logNone}
 }
 
 // storeErrorAnswer is the answer when the store could not be used.
-func (h *Handler) storeErrorAnswer(err error) answer {
+func (p *policy) storeErrorAnswer(err error) answer {
 	switch {
 	case errors.Is(err, storage.ErrScopeFull):
 		return answer{outcome: outcomeTooManyKeys, action: actReject, problem: problemTooManyKeys,
@@ -79,7 +106,7 @@ func (h *Handler) storeErrorAnswer(err error) answer {
 		return answer{outcome: outcomeConflict, action: actReject, problem: problemConflict,
 			detail: "the record of this key is busy; retry later", retryAfter: conflictRetryAfter, err: err,
 			level: zapcore.WarnLevel, msg: "idempotency record locked by another transaction; answering 409"}
-	case h.policy.onStorageError == failOpen && storage.Unavailable(err):
+	case p.onStorageError == failOpen && storage.Unavailable(err):
 		// Only a store that cannot be reached or is too slow is passed
 		// by: an error that proves it answered (a corrupt record, a
 		// refused write) fails closed.

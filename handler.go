@@ -57,11 +57,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	x.k = k
 	if ref != nil {
-		return h.policy.mode.carryOut(&x, h.refusalAnswer(ref))
+		return h.policy.mode.carryOut(&x, h.policy.refusalAnswer(ref))
 	}
 	res, err := h.keeper.claim(r.Context(), k.key, k.fp)
 	if err != nil {
-		return h.policy.mode.carryOut(&x, h.storeErrorAnswer(err))
+		return h.policy.mode.carryOut(&x, h.policy.storeErrorAnswer(err))
 	}
 	replayed := outcomeReplayed
 	if res.Outcome == storage.Conflict && h.policy.mode.traits().waits {
@@ -73,7 +73,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			res, err = h.keeper.await(r.Context(), k.key, k.fp, res, wait)
 			h.leaveWait()
 			if err != nil {
-				return h.policy.mode.carryOut(&x, h.storeErrorAnswer(err))
+				return h.policy.mode.carryOut(&x, h.policy.storeErrorAnswer(err))
 			}
 		}
 	}

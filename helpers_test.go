@@ -159,5 +159,11 @@ func (h *Handler) useStore(store storage.Store) {
 	h.keeper = newKeeper(store, h.backendName).forHandler(time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger, h.holdStore)
 }
 
-// rawStore is the store h's requests talk to, unobserved.
-func (h *Handler) rawStore() storage.Store { return h.keeper.store }
+// rawStore is the store h's requests talk to, unobserved (nil before
+// Provision took one).
+func (h *Handler) rawStore() storage.Store {
+	if h.keeper == nil {
+		return nil
+	}
+	return h.keeper.store
+}
