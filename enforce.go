@@ -41,7 +41,7 @@ func (enforcing) carryOut(x *exchange, a answer) error {
 		}
 		if a.outcome == outcomeStoreError {
 			// At most a line a second per store, with a count (storelog.go).
-			storeErrors.log(h.keeper.store, h.logger, a.level, a.msg, fields)
+			storeErrors.log(h.keeper.store.store, h.logger, a.level, a.msg, fields)
 		} else {
 			h.logger.Log(a.level, a.msg, fields...)
 		}

@@ -156,7 +156,7 @@ func records(h *Handler) int {
 // useStore puts store under h in place of its backend's, as Provision
 // would have: h's keeper observes it, and aftercare writes to it.
 func (h *Handler) useStore(store storage.Store) {
-	h.keeper = newKeeper(store, h.backendName).forHandler(time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger, h.holdStore)
+	h.keeper = newKeeper(observe(store, h.backendName, h.keeper.store.holder), time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger)
 }
 
 // rawStore is the store h's requests talk to, unobserved (nil before
@@ -165,5 +165,5 @@ func (h *Handler) rawStore() storage.Store {
 	if h.keeper == nil {
 		return nil
 	}
-	return h.keeper.store
+	return h.keeper.store.store
 }

@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -20,7 +19,7 @@ func testKeeper(t *testing.T, backend string) (*keeper, storage.Store) {
 	t.Helper()
 	s := memory.New(memory.Options{})
 	t.Cleanup(func() { s.Close() })
-	k := newKeeper(s, backend).forHandler(time.Minute, time.Hour, zap.NewNop(), func() (func(), bool) { return func() {}, true })
+	k := newKeeper(observe(s, backend, nil), time.Minute, time.Hour, zap.NewNop())
 	return k, s
 }
 
@@ -95,23 +94,5 @@ func TestKeeperReleaseFreesTheKey(t *testing.T) {
 	k.release(context.Background(), key, res.Token, "test")
 	if res, err := k.claim(context.Background(), key, fp); err != nil || res.Outcome != storage.Acquired {
 		t.Fatalf("reserve after release: %v %v, want the key free", res.Outcome, err)
-	}
-}
-
-// TestKeeperSeesOptionalInterfaces: a keeper does not hide what the store
-// can do beyond storage.Store (the wrapper it replaced did): the memory
-// store notifies waiters and finds records by key hash, and a store that
-// cannot makes Wait say so.
-func TestKeeperSeesOptionalInterfaces(t *testing.T) {
-	k, _ := testKeeper(t, "keeper-test")
-	if k.waiter == nil || k.finder == nil {
-		t.Fatalf("waiter %v, finder %v: the memory store is both", k.waiter, k.finder)
-	}
-	plain := newKeeper(struct{ storage.Store }{memory.New(memory.Options{})}, "keeper-test")
-	if err := plain.Wait(context.Background(), storage.Key{Scope: "s", ID: "k"}, time.Millisecond); !errors.Is(err, errCannotWait) {
-		t.Fatalf("Wait on a store that cannot notify: %v", err)
-	}
-	if recs, err := plain.GetByHash(context.Background(), "00", false); recs != nil || err != nil {
-		t.Fatalf("GetByHash on a store that cannot: %v %v", recs, err)
 	}
 }

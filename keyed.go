@@ -86,7 +86,7 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 	// Hold the store before reading the body: a reload that replaces the
 	// storage config while a slow client uploads must not close it under
 	// the request.
-	unhold, ok := h.holdStore()
+	unhold, ok := h.keeper.store.hold()
 	if !ok {
 		return nil, &refusal{why: storeClosed}
 	}

@@ -451,17 +451,9 @@ func (h *Handler) loadStorage(ctx caddy.Context) error {
 		// Refused at start-up, not with a 503 for every long key.
 		return opterr.Errorf("max_key_length", "max_key_length %d is more than the %s store can hold: at most %d", h.policy.maxKeyLength, name, kl.MaxKeyLength())
 	}
-	h.keeper = newKeeper(store, name).forHandler(time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger, h.holdStore)
+	holder, _ := b.(backend.Holder)
+	h.keeper = newKeeper(observe(store, name, holder), time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger)
 	return nil
-}
-
-// holdStore keeps the handler's store open until release is called (see
-// backend.Holder).
-func (h *Handler) holdStore() (release func(), ok bool) {
-	if sh, ok := h.backend.(backend.Holder); ok {
-		return sh.HoldStore()
-	}
-	return func() {}, true
 }
 
 // Validate reports configuration errors. Provision compiled the

@@ -112,7 +112,7 @@ func TestProvisionDefaults(t *testing.T) {
 	if _, ok := h.rawStore().(*memory.Store); !ok {
 		t.Errorf("default store is %T, want *memory.Store", h.rawStore())
 	}
-	if h.keeper.waiter == nil {
+	if h.keeper.store.waiter == nil {
 		t.Error("the memory store can notify waiters, but the keeper has no waiter")
 	}
 

@@ -447,7 +447,7 @@ func TestARenewerLeavesOnceIdle(t *testing.T) {
 	}
 	l := k.holdLease(key, res.Token)
 	renewers.mu.Lock()
-	r := renewers.m[k.store]
+	r := renewers.m[k.store.store]
 	renewers.mu.Unlock()
 	if r == nil {
 		t.Fatal("no renewer for a store with a lease")
@@ -457,7 +457,7 @@ func TestARenewerLeavesOnceIdle(t *testing.T) {
 	// minute in testKeeper, too long to wait for; tick it now).
 	r.tick(r.cadenceOf(time.Minute))
 	renewers.mu.Lock()
-	_, still := renewers.m[k.store]
+	_, still := renewers.m[k.store.store]
 	renewers.mu.Unlock()
 	if still {
 		t.Fatal("the renewer of a store without leases is still registered")

@@ -16,7 +16,7 @@ func TestPostgresProvisionNeedsNoServer(t *testing.T) {
 	if h.backendName != "postgres" || h.rawStore() == nil {
 		t.Fatalf("backend %q, store %v", h.backendName, h.rawStore())
 	}
-	if h.keeper.waiter == nil {
+	if h.keeper.store.waiter == nil {
 		t.Fatal("the postgres store is a Waiter: waiting requests share one poll per key")
 	}
 }
