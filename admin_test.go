@@ -17,7 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 

@@ -15,7 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )

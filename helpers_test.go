@@ -31,7 +31,7 @@ func provision(t testing.TB, h *Handler) *Handler {
 	if err := h.Validate(); err != nil {
 		t.Fatalf("validate: %v", err)
 	}
-	h.logger = zap.NewNop() // keep test output readable; observability_internal_test.go observes them
+	h.logger = zap.NewNop() // keep test output readable; handler_observability_test.go observes them
 	return h
 }
 

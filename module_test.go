@@ -15,8 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
@@ -567,5 +567,17 @@ func TestProvisionLeavesTheConfigAsWritten(t *testing.T) {
 	}
 	if time.Duration(h.policy.ttl) != time.Hour || !slices.Equal(h.policy.methods, []string{"POST"}) || time.Duration(h.policy.lockTimeout) != defaultLockTimeout {
 		t.Errorf("policy ttl %v, methods %q, lock_timeout %v", time.Duration(h.policy.ttl), h.policy.methods, time.Duration(h.policy.lockTimeout))
+	}
+}
+
+func TestFeatureOptionChecksInJSON(t *testing.T) {
+	for _, config := range []string{`{"mode":"strict"}`, `{"key_json":"id"}`, `{"fingerprint":{"canonical_json":false,"ignore":["/a"]}}`} {
+		var h Handler
+		if err := json.Unmarshal([]byte(config), &h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.compile(); err == nil {
+			t.Errorf("%s: no error", config)
+		}
 	}
 }

@@ -12,9 +12,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/backendtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )

@@ -1,0 +1,56 @@
+package idempotency
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	_ "github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testbackend"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/storagetest"
+)
+
+// TestANewBackendIsOneShortModule loads internal/testkit/testbackend, a backend
+// written as a third party writes one (its own package, the public kit in
+// package backend only), from the Caddyfile and from JSON: it is pooled
+// across handlers, requests hold its store, the handler replays through
+// it, and the admin API finds its records.
+func TestANewBackendIsOneShortModule(t *testing.T) {
+	h := new(Handler)
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n\tstorage testfake {\n\t\tcapacity 100000\n\t}\n}")); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(h.StorageRaw); got != `{"backend":"testfake","capacity":100000}` {
+		t.Fatalf("storage JSON %s", got)
+	}
+	h = provision(t, h)
+	if h.backendName != "testfake" {
+		t.Fatalf("backend %q", h.backendName)
+	}
+	if _, ok := h.backend.(backend.Holder); !ok {
+		t.Fatal("the pooled backend does not let requests hold its store")
+	}
+	up := &upstream{}
+	serve(h, up, request("k", "{}"))
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || up.calls.Load() != 1 {
+		t.Fatalf("replay through the new backend: %d, upstream ran %d times", w.Code, up.calls.Load())
+	}
+
+	// The admin API lists the store and finds the record in it.
+	id := storeID(t, h)
+	code, body := adminCall(t, http.MethodGet, keysPath("k", []string{"example.com", ""}, "&store="+url.QueryEscape(id)))
+	if code != http.StatusOK || len(body["records"].([]any)) != 1 || body["records"].([]any)[0].(map[string]any)["state"] != "completed" {
+		t.Fatalf("admin GET of the new backend's record: %d %v", code, body)
+	}
+
+	storagetest.Run(t, h.rawStore())
+
+	// The same JSON config loads it too, and shares the store.
+	j := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"testfake","capacity":100000}`)})
+	if j.rawStore() != h.rawStore() {
+		t.Error("two handlers with one testfake configuration have two stores")
+	}
+}
