@@ -2,8 +2,12 @@ package idempotency
 
 import (
 	"encoding/json"
+	"go/parser"
+	"go/token"
 	"net/http"
 	"net/url"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -25,6 +29,13 @@ func TestANewBackendIsOneShortModule(t *testing.T) {
 	}
 	if got := string(h.StorageRaw); got != `{"backend":"testfake","capacity":100000}` {
 		t.Fatalf("storage JSON %s", got)
+	}
+	for _, block := range []string{"capacity -1", "capacty 5"} {
+		bad := new(Handler)
+		err := bad.UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n\tstorage testfake {\n\t\t" + block + "\n\t}\n}"))
+		if err == nil || !strings.Contains(err.Error(), "testfake storage") || !strings.Contains(err.Error(), "line 3") {
+			t.Errorf("storage testfake { %s }: %v, want the backend's error at its line", block, err)
+		}
 	}
 	h = provision(t, h)
 	if h.backendName != "testfake" {
@@ -52,5 +63,27 @@ func TestANewBackendIsOneShortModule(t *testing.T) {
 	j := provision(t, &Handler{StorageRaw: json.RawMessage(`{"backend":"testfake","capacity":100000}`)})
 	if j.rawStore() != h.rawStore() {
 		t.Error("two handlers with one testfake configuration have two stores")
+	}
+}
+
+// TestANewBackendNeedsNothingInternal: the backend written as a third
+// party writes one imports the module's public packages only (a backend
+// in another module cannot import internal/), its Caddyfile parsing
+// included.
+func TestANewBackendNeedsNothingInternal(t *testing.T) {
+	files, err := filepath.Glob("internal/testkit/testbackend/*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("the test backend's files: %v %v", files, err)
+	}
+	for _, f := range files {
+		parsed, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range parsed.Imports {
+			if strings.Contains(imp.Path.Value, "/internal/") {
+				t.Errorf("%s imports %s", f, imp.Path.Value)
+			}
+		}
 	}
 }

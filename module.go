@@ -21,8 +21,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 

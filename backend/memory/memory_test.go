@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/backendtest"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )

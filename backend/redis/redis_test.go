@@ -12,7 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"

@@ -1,6 +1,6 @@
 // Package opterr is the configuration error that names the options it is
 // about, shared by the handler, its storage backends and the storage
-// libraries whose checks they run. The Caddyfile parsers (internal/cfargs)
+// libraries whose checks they run. The Caddyfile parsers (backend/cfargs)
 // report such an error at the line of its option, so that no parser needs
 // to read an option's name back out of a message.
 package opterr
