@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 )
 
@@ -19,7 +20,7 @@ import (
 // extra adds members to the storage object (`,"timeout":"1s"`).
 func onRedis(t *testing.T, h *Handler, addr, extra string) *Handler {
 	t.Helper()
-	h.StorageRaw = json.RawMessage(fmt.Sprintf(`{"backend":"redis","url":"redis://%s/0","key_prefix":%q%s}`, addr, redisPrefix(), extra))
+	h.StorageRaw = json.RawMessage(fmt.Sprintf(`{"backend":"redis","url":"redis://%s/0","key_prefix":%q%s}`, addr, backendtest.RedisPrefix(), extra))
 	return provision(t, h)
 }
 
@@ -77,7 +78,7 @@ func TestRedisSentinelFromConfig(t *testing.T) {
 	t.Setenv("IDEM_TEST_SENTINEL_PASSWORD", sentinel.Password)
 	storage := func(password string) json.RawMessage {
 		return json.RawMessage(fmt.Sprintf(`{"backend":"redis","addresses":[%q],"master_name":%q,"sentinel_password":%q,"key_prefix":%q,"timeout":"1s"}`,
-			sentinel.Addr, sentinel.MasterName, password, redisPrefix()))
+			sentinel.Addr, sentinel.MasterName, password, backendtest.RedisPrefix()))
 	}
 
 	h := provision(t, &Handler{StorageRaw: storage("{env.IDEM_TEST_SENTINEL_PASSWORD}")})

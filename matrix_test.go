@@ -1,16 +1,11 @@
 package idempotency
 
 import (
-	"context"
 	"encoding/json"
 	"maps"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
 )
 
 // The backend matrix: a handler scenario runs once per store, as subtests
@@ -21,9 +16,9 @@ import (
 //		...
 //	})
 //
-// Redis and PostgreSQL are the shared servers of internal/testkit/redistest and
-// internal/testkit/pgtest; a subtest whose server does not answer is skipped, or
-// failed under CI=true.
+// The rows are backendtest.Kinds, the public matrix a third party's
+// backend tests use too; a subtest whose server does not answer is
+// skipped, or failed under CI=true.
 
 // testStore is one store opened for one subtest: a namespace of its own (a
 // memory store, a Redis key prefix, a PostgreSQL table) to provision
@@ -50,17 +45,17 @@ type kind struct {
 	unreachable json.RawMessage
 }
 
-var kinds = []kind{
-	{name: "memory", open: openMemory},
-	{
-		name: "redis", shared: true, open: openRedis,
-		unreachable: json.RawMessage(`{"backend":"redis","url":"redis://127.0.0.1:1/0","timeout":"500ms","key_prefix":"idempotency-test:unreachable:"}`),
-	},
-	{
-		name: "postgres", shared: true, open: openPostgres,
-		unreachable: json.RawMessage(`{"backend":"postgres","dsn":"postgres://postgres@127.0.0.1:1/test?sslmode=disable","table":"unreachable","timeout":"500ms"}`),
-	},
-}
+// kinds are the rows of the public backend matrix (backendtest.Kinds).
+var kinds = func() []kind {
+	var out []kind
+	for _, k := range backendtest.Kinds {
+		out = append(out, kind{name: k.Name, shared: k.Shared, unreachable: k.Unreachable, open: func(t *testing.T) *testStore {
+			n := k.Open(t)
+			return &testStore{storage: n.Storage, forget: n.Forget}
+		}})
+	}
+	return out
+}()
 
 // matrix is the backends a scenario runs on.
 type matrix struct {
@@ -146,79 +141,4 @@ func (b *testStore) config(t *testing.T, pool int, extra string) json.RawMessage
 		t.Fatal(err)
 	}
 	return raw
-}
-
-// openMemory is a memory store of the test's own (see isolated).
-func openMemory(*testing.T) *testStore {
-	maxKeys := 900_000_000 + nextMaxKeys.Add(1)
-	return &testStore{
-		storage: func(int) map[string]any {
-			return map[string]any{"backend": "memory", "max_keys": maxKeys}
-		},
-	}
-}
-
-// openRedis is a fresh key prefix on the shared Redis; its keys are
-// deleted when the test ends. Instances get a client of their own through
-// another pool_size.
-func openRedis(t *testing.T) *testStore {
-	t.Helper()
-	addr := redistest.Addr()
-	redistest.Require(t, addr)
-	prefix := redisPrefix()
-	b := &testStore{
-		storage: func(pool int) map[string]any {
-			cfg := map[string]any{"backend": "redis", "url": "redis://" + addr + "/0", "key_prefix": prefix}
-			if pool > 0 {
-				cfg["pool_size"] = 10 + pool
-			}
-			return cfg
-		},
-		forget: func(t *testing.T) { deleteRedisPrefix(t, addr, prefix) },
-	}
-	t.Cleanup(func() { b.forget(t) })
-	return b
-}
-
-// openPostgres is a fresh table on the shared PostgreSQL, dropped when the
-// test ends. Pools default to 8 connections, not pgx's one per CPU: on a
-// big machine, test packages running in parallel would otherwise exhaust
-// the server's connections. Instances get a pool of their own through
-// another max_conns.
-func openPostgres(t *testing.T) *testStore {
-	t.Helper()
-	dsn := pgtest.Require(t)
-	table := pgtest.Table(t, dsn)
-	return &testStore{
-		storage: func(pool int) map[string]any {
-			cfg := map[string]any{"backend": "postgres", "dsn": dsn, "table": table, "max_conns": 8}
-			if pool > 0 {
-				cfg["max_conns"] = 2 + pool
-			}
-			return cfg
-		},
-		forget: func(t *testing.T) { pgtest.Exec(t, dsn, "DELETE FROM "+pgx.Identifier{table}.Sanitize()) },
-	}
-}
-
-// redisPrefix returns a key prefix no other test or run uses.
-func redisPrefix() string {
-	return "idempotency-test:" + redistest.RandomHex(6) + ":"
-}
-
-// deleteRedisPrefix deletes every key under prefix on the Redis at addr.
-func deleteRedisPrefix(t *testing.T, addr, prefix string) {
-	t.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	defer c.Close()
-	ctx := context.Background()
-	keys, err := c.Keys(ctx, prefix+"*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) > 0 {
-		if err := c.Del(ctx, keys...).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
 }

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/backendtest"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 

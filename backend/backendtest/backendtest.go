@@ -1,6 +1,9 @@
-// Package backendtest holds what the tests of the storage modules under
-// backend/ share. It imports caddy, so it is kept apart from testutil,
-// which the caddy-free storage packages import.
+// Package backendtest is the public test kit of storage backends: what
+// the tests of the modules under backend/ share, and what a third party's
+// backend tests import the same way (Caddy contexts, strict JSON
+// decoding, the records_removed_total series, the backend matrix). It
+// imports caddy, so it is kept apart from the caddy-free storage
+// packages' test helpers.
 package backendtest
 
 import (
