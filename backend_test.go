@@ -33,7 +33,7 @@ func TestANewBackendIsOneShortModule(t *testing.T) {
 	for _, block := range []string{"capacity -1", "capacty 5"} {
 		bad := new(Handler)
 		err := bad.UnmarshalCaddyfile(caddyfile.NewTestDispenser("idempotency {\n\tstorage testfake {\n\t\t" + block + "\n\t}\n}"))
-		if err == nil || !strings.Contains(err.Error(), "testfake storage") || !strings.Contains(err.Error(), "line 3") {
+		if err == nil || !strings.Contains(err.Error(), "capacity") || !strings.Contains(err.Error(), "Testfile:3") {
 			t.Errorf("storage testfake { %s }: %v, want the backend's error at its line", block, err)
 		}
 	}

@@ -3,9 +3,11 @@ package idempotency
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 )
 
@@ -114,6 +116,27 @@ func TestHashCommandWarnsOfAHostWithAPort(t *testing.T) {
 		warned := strings.Contains(stderr.String(), "looks like host:port")
 		if warned != tc.warn {
 			t.Errorf("hash %q: stderr %q; want a host:port warning: %v", tc.args, stderr.String(), tc.warn)
+		}
+	}
+}
+
+// TestTheCommandHasTheBackendsSubcommands: `caddy idempotency` has its
+// own subcommands and those the backends registered (storage postgres:
+// schema), without the host importing a backend's store for them.
+func TestTheCommandHasTheBackendsSubcommands(t *testing.T) {
+	c, ok := caddycmd.Commands()["idempotency"]
+	if !ok {
+		t.Fatal("no idempotency command")
+	}
+	root := &cobra.Command{Use: "idempotency"}
+	c.CobraFunc(root)
+	var names []string
+	for _, sub := range root.Commands() {
+		names = append(names, sub.Name())
+	}
+	for _, want := range []string{"hash", "schema", "get", "delete", "list"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("subcommands %v lack %s", names, want)
 		}
 	}
 }
