@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"path/filepath"
@@ -85,5 +86,43 @@ func TestANewBackendNeedsNothingInternal(t *testing.T) {
 				t.Errorf("%s imports %s", f, imp.Path.Value)
 			}
 		}
+	}
+}
+
+// TestProductionCodeImportsNoTestMachinery: what Caddy runs (the
+// handler, the backends, the stores, fingerprint, internal/ but its
+// testkit) never imports internal/testkit, which is test machinery only;
+// the public test kits (backend/backendtest, storage/storagetest) may.
+func TestProductionCodeImportsNoTestMachinery(t *testing.T) {
+	testKits := map[string]bool{"internal/testkit": true, "backend/backendtest": true, "storage/storagetest": true}
+	checked := 0
+	for _, root := range []string{".", "backend", "storage", "fingerprint", "internal", "cmd/caddy"} {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			switch {
+			case err != nil:
+				return err
+			case d.IsDir() && (testKits[path] || root == "." && path != "."):
+				return filepath.SkipDir // the root's own files only; the other trees have their walk
+			case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+				return nil
+			}
+			parsed, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+			if err != nil {
+				return err
+			}
+			checked++
+			for _, imp := range parsed.Imports {
+				if strings.Contains(imp.Path.Value, "/internal/testkit") {
+					t.Errorf("%s imports %s", path, imp.Path.Value)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if checked < 50 {
+		t.Fatalf("checked %d files, want the module's production code", checked)
 	}
 }
