@@ -4,7 +4,7 @@
 #                processes), a short run of every fuzz target, and the documented
 #                xcaddy build. Redis and PostgreSQL are private throwaway instances
 #                on free loopback ports, started for the run and removed after it
-#                (internal/cmd/testservers: needs redis-server, initdb and postgres),
+#                (internal/testkit/cmd/testservers: needs redis-server, initdb and postgres),
 #                or the servers named by IDEMPOTENCY_REDIS_URL and
 #                IDEMPOTENCY_POSTGRES_DSN. Nothing of the system's is configured.
 #                Run as root (CI, a container), testservers installs a missing
@@ -35,7 +35,7 @@
 #                any. SOAK_FLAGS="-seed 42" replays a run; SOAK_FLAGS="-scale 1500
 #                -store-latency 30ms" is production's scale and timing (go run
 #                ./soak -h). Then a run of the randomized test on new seeds
-#                (internal/model; about 3 minutes), MODEL_FLAGS.
+#                (internal/testkit/model; about 3 minutes), MODEL_FLAGS.
 #   make soak-failover  the failover soaks: private PostgreSQL primaries with a
 #                streaming standby promoted under load (kill -9, pg_promote),
 #                async and with a synchronous standby (PG_FAILOVER_FLAGS), then
@@ -43,7 +43,7 @@
 #                FAILOVER) with and without durability replicas 1
 #                (FAILOVER_FLAGS); counts the duplicate executions of each
 #                failover and names them; about 25 minutes
-#   make mutants plants each bug of internal/mutants in a copy of the tree and
+#   make mutants plants each bug of internal/testkit/mutants in a copy of the tree and
 #                says which tier of tests catches it (the randomized test at its
 #                make test budget, its regression seeds, the package tests, e2e),
 #                and how fast; MUTANTS_FLAGS="-only renew-cadence -tiers model";
@@ -86,13 +86,13 @@ check:
 	$(GO) run $(STATICCHECK) ./...
 
 testservers:
-	$(GO) build -o bin/testservers ./internal/cmd/testservers
+	$(GO) build -o bin/testservers ./internal/testkit/cmd/testservers
 
 # promtool for the rules' unit tests (contrib/prometheus), at bin/promtool:
 # a link to the one on PATH, or the one of Debian's prometheus package
-# (internal/cmd/getpromtool prints which, and what it downloads).
+# (internal/testkit/cmd/getpromtool prints which, and what it downloads).
 promtool:
-	$(GO) run ./internal/cmd/getpromtool bin/promtool
+	$(GO) run ./internal/testkit/cmd/getpromtool bin/promtool
 
 # The end-to-end tests run the xcaddy-built binary, so the documented build
 # is what they prove.
@@ -161,7 +161,7 @@ MODEL_FLAGS ?= -model.base 0
 # runs the xcaddy-built binary.
 soak: build testservers
 	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak $(SOAK_FLAGS)
-	$(WITH_SERVERS) $(GO) test -count=1 -timeout 60m ./internal/model/ -run '^TestModel$$' $(MODEL_FLAGS)
+	$(WITH_SERVERS) $(GO) test -count=1 -timeout 60m ./internal/testkit/model/ -run '^TestModel$$' $(MODEL_FLAGS)
 
 # The failover soaks. PostgreSQL (soak/failover_postgres.go): private
 # primaries and streaming standbys promoted under load through real Caddy
@@ -183,6 +183,6 @@ soak-failover: build
 
 MUTANTS_FLAGS ?=
 
-# The planted bugs, each against the tiers of tests (internal/cmd/mutants).
+# The planted bugs, each against the tiers of tests (internal/testkit/cmd/mutants).
 mutants: testservers
-	$(WITH_SERVERS) $(GO) run ./internal/cmd/mutants $(MUTANTS_FLAGS)
+	$(WITH_SERVERS) $(GO) run ./internal/testkit/cmd/mutants $(MUTANTS_FLAGS)

@@ -162,7 +162,7 @@ func (adminAPI) handleInFlight(w http.ResponseWriter, r *http.Request) error {
 	}
 	pages := []inFlightPage{}
 	for _, t := range targets {
-		recs, err := t.keeper.ListInFlight(r.Context(), after, limit)
+		recs, err := t.store.ListInFlight(r.Context(), after, limit)
 		if err != nil {
 			return apiError(http.StatusBadGateway, fmt.Sprintf("store %s: %v", t.id, err))
 		}
@@ -280,9 +280,9 @@ func finderOf(q map[string][]string) (finder, error) {
 		return nil, err
 	}
 	return func(r *http.Request, t liveStore, withBody, del bool) ([]foundRecord, error) {
-		rec, err := t.keeper.Get(r.Context(), key, withBody)
+		rec, err := t.store.Get(r.Context(), key, withBody)
 		if err == nil && del {
-			err = t.keeper.Delete(r.Context(), key)
+			err = t.store.Delete(r.Context(), key)
 		}
 		if errors.Is(err, storage.ErrNotFound) {
 			return nil, nil
@@ -354,27 +354,27 @@ func adminScopeHash(template string, values []string) (string, error) {
 		}
 		repl.Set(k, values[i])
 	}
-	hash, ok := t.hash(repl, false)
+	hash, ok := t.hash(repl, "")
 	if !ok {
 		return "", errors.New("this scope is blank: the handler refuses such requests (400), so no record has it")
 	}
 	return hash, nil
 }
 
-// liveStore is a store of the pool, talked to through a keeper as the
-// handlers' stores are, so that the admin API's calls show in the latency
-// histogram and in traces.
+// liveStore is a store of the pool, observed as the handlers' stores
+// are, so that the admin API's calls show in the latency histogram and in
+// traces.
 type liveStore struct {
 	id, backend string
-	keeper      *keeper
+	store       *observedStore
 }
 
 // byHash finds (and with del deletes) the records whose key hash is kh;
 // nothing in a store that cannot look records up by key hash.
 func (t liveStore) byHash(r *http.Request, kh string, withBody, del bool) ([]foundRecord, error) {
-	recs, err := t.keeper.GetByHash(r.Context(), kh, withBody)
+	recs, err := t.store.GetByHash(r.Context(), kh, withBody)
 	if err == nil && del && len(recs) > 0 {
-		_, err = t.keeper.DeleteByHash(r.Context(), kh)
+		_, err = t.store.DeleteByHash(r.Context(), kh)
 	}
 	if err != nil {
 		return nil, err
@@ -391,7 +391,7 @@ func (t liveStore) byHash(r *http.Request, kh string, withBody, del bool) ([]fou
 func liveStores(id string) []liveStore {
 	var out []liveStore
 	for s := range backend.Live(id) {
-		out = append(out, liveStore{id: s.ID, backend: s.Backend, keeper: newKeeper(s.Store, s.Backend)})
+		out = append(out, liveStore{id: s.ID, backend: s.Backend, store: observe(s.Store, s.Backend, nil)})
 	}
 	return out
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -63,7 +63,7 @@ func storeID(t *testing.T, h *Handler) string {
 	t.Helper()
 	var id string
 	for s := range backend.Live("") {
-		if s.Store == h.store {
+		if s.Store == h.rawStore() {
 			id = s.ID
 		}
 	}
@@ -222,14 +222,14 @@ func TestAdminListsRecordsInFlightPageByPage(t *testing.T) {
 	running := map[string]bool{}
 	for i := range 5 {
 		key := storage.Key{Scope: "list", ID: fmt.Sprint(i)}
-		if _, err := h.store.Reserve(t.Context(), key, []byte("fp"), time.Minute); err != nil {
+		if _, err := h.rawStore().Reserve(t.Context(), key, []byte("fp"), time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		running[key.Hash()] = true
 	}
 	done := storage.Key{Scope: "list", ID: "done"}
-	res, _ := h.store.Reserve(t.Context(), done, []byte("fp"), time.Minute)
-	if err := h.store.Complete(t.Context(), done, res.Token, &storage.Response{Status: 201}, time.Hour); err != nil {
+	res, _ := h.rawStore().Reserve(t.Context(), done, []byte("fp"), time.Minute)
+	if err := h.rawStore().Complete(t.Context(), done, res.Token, &storage.Response{Status: 201}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 

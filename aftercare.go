@@ -38,7 +38,7 @@ const (
 	choreTimeout = 30 * time.Second
 )
 
-// settler is the part of a store (observed, see keeper) that aftercare
+// settler is the part of a store (observed, see observed.go) that aftercare
 // writes to.
 type settler interface {
 	Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error

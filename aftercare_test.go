@@ -15,7 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
@@ -127,7 +127,7 @@ func TestAWriteWaitingInAftercareKeepsItsLease(t *testing.T) {
 	for _, write := range []string{"complete", "release"} {
 		t.Run(write, func(t *testing.T) {
 			h := isolated(t, &Handler{LockTimeout: caddy.Duration(time.Second)})
-			store := &failingStore{Store: h.store}
+			store := &failingStore{Store: h.rawStore()}
 			h.useStore(store)
 			status := http.StatusCreated
 			if write == "release" {
@@ -252,7 +252,7 @@ func (s *outageStore) Release(ctx context.Context, key storage.Key, token storag
 // the backlog said 21. Both empty once the store is back.
 func TestAftercareBacklogCountsOnlyWritesOfRequestsThatRan(t *testing.T) {
 	h := isolated(t, &Handler{})
-	store := &outageStore{Store: h.store}
+	store := &outageStore{Store: h.rawStore()}
 	h.useStore(store)
 	backlog := prometheus.NewGauge(prometheus.GaugeOpts{Name: "test_aftercare_backlog"})
 	abandons := prometheus.NewGauge(prometheus.GaugeOpts{Name: "test_abandoned_reservations"})

@@ -27,23 +27,33 @@ type situation struct {
 // situations lists every row of the answer table.
 func situations() []situation {
 	refused := func(ref refusal) func(*Handler) answer {
-		return func(h *Handler) answer { return h.refusalAnswer(&ref) }
+		return func(h *Handler) answer { return h.policy.refusalAnswer(&ref) }
+	}
+	required := func(ref refusal) func(*Handler) answer {
+		return func(h *Handler) answer {
+			p := h.policy
+			p.required = true
+			return p.refusalAnswer(&ref)
+		}
 	}
 	storeErr := func(err error) func(*Handler) answer {
-		return func(h *Handler) answer { return h.storeErrorAnswer(err) }
+		return func(h *Handler) answer { return h.policy.storeErrorAnswer(err) }
 	}
 	reserved := func(o storage.Outcome, replayed outcome) func(*Handler) answer {
 		return func(*Handler) answer { return reservationAnswer(o, replayed) }
 	}
 	unavailable := fmt.Errorf("dial: %w", storage.ErrUnavailable)
 	return []situation{
-		{"no key, not required", false, refused(refusal{outcome: outcomePassed})},
-		{"no key, required", false, refused(refusal{outcome: outcomeMissing, problem: problemKeyMissing, detail: "d"})},
-		{"malformed key", false, refused(refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: "d"})},
-		{"body not JSON", false, refused(refusal{outcome: outcomeInvalid, problem: problemBodyNotJSON, detail: "d"})},
-		{"body too large", false, refused(refusal{outcome: outcomeTooLarge, problem: problemTooLarge, detail: "d"})},
-		{"body unreadable", false, refused(refusal{outcome: outcomeInvalid, err: errors.New("unexpected EOF")})},
-		{"store closed by a reload", false, refused(refusal{outcome: outcomeStoreError, err: errStoreClosed})},
+		{"no key, not required", false, refused(refusal{why: noKey})},
+		{"no key, required", false, required(refusal{why: noKey})},
+		{"malformed key", false, refused(refusal{why: keyMalformed, err: errors.New("bad")})},
+		{"no client identity", false, refused(refusal{why: noScope})},
+		{"body not JSON", false, refused(refusal{why: bodyNotJSON})},
+		{"body too large", false, refused(refusal{why: bodyTooLarge})},
+		{"body unreadable", false, refused(refusal{why: bodyUnreadable, err: errors.New("unexpected EOF")})},
+		{"key at key_json ambiguous", false, refused(refusal{why: keyAmbiguous, err: errors.New("two")})},
+		{"key at key_json not a key", false, refused(refusal{why: keyJSONInvalid, what: "is not a string"})},
+		{"store closed by a reload", false, refused(refusal{why: storeClosed})},
 		{"client's share full", false, storeErr(storage.ErrScopeFull)},
 		{"store full", false, storeErr(storage.ErrFull)},
 		{"store full, fail_open", true, storeErr(storage.ErrFull)},
@@ -81,7 +91,7 @@ func TestEveryOutcomeHasItsRowInBothModes(t *testing.T) {
 				code, outcome, nextRan := actOn(t, h, a)
 
 				if mode == modeObserve {
-					if a.act == actRun {
+					if a.action == actRun {
 						continue // the first request runs as in enforce mode
 					}
 					if !nextRan || code != http.StatusTeapot || outcome != string(a.outcome) {
@@ -89,7 +99,7 @@ func TestEveryOutcomeHasItsRowInBothModes(t *testing.T) {
 					}
 					continue
 				}
-				switch a.act {
+				switch a.action {
 				case actReject:
 					if nextRan || code != a.problem.status || outcome != string(a.outcome) {
 						t.Errorf("enforce: next ran %v, status %d, outcome %q; want %d and outcome %q", nextRan, code, outcome, a.problem.status, a.outcome)
@@ -140,9 +150,9 @@ func actOn(t *testing.T, h *Handler, a answer) (code int, outcome string, nextRa
 		w.WriteHeader(http.StatusTeapot)
 		return nil
 	})
-	switch a.act {
+	switch a.action {
 	case actRun:
-		res, err := h.store.Reserve(t.Context(), k.key, k.fp, time.Minute)
+		res, err := h.rawStore().Reserve(t.Context(), k.key, k.fp, time.Minute)
 		if err != nil || res.Outcome != storage.Acquired {
 			t.Fatalf("reserving the test key: %v %v", res.Outcome, err)
 		}
@@ -150,7 +160,7 @@ func actOn(t *testing.T, h *Handler, a answer) (code int, outcome string, nextRa
 	case actReplay, actReject:
 		x.res = storage.Reservation{Record: &storage.Record{State: storage.Completed, Response: &storage.Response{Status: http.StatusCreated}}}
 	}
-	err := x.act(a)
+	err := h.policy.mode.carryOut(&x, a)
 	if err != nil {
 		var he caddyhttp.HandlerError
 		if errors.As(err, &he) {
@@ -161,4 +171,17 @@ func actOn(t *testing.T, h *Handler, a answer) (code int, outcome string, nextRa
 	}
 	outcome, _ = repl.GetString(placeholderOutcome)
 	return w.Code, strings.TrimSpace(outcome), nextRan
+}
+
+// TestEveryRefusalHasItsRow: each reason keyed.go gives for a request it
+// cannot key is a row of the answer table, not the unknown refusal's
+// error.
+func TestEveryRefusalHasItsRow(t *testing.T) {
+	h := provision(t, &Handler{KeyJSON: "/id"})
+	for why := noKey; why <= bodyNotJSON; why++ {
+		a := h.policy.refusalAnswer(&refusal{why: why, err: errors.New("e")})
+		if a.action == actFail && why != bodyUnreadable {
+			t.Errorf("refusal %d: no row of its own (%v)", why, a.err)
+		}
+	}
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/cfargs"
 )
 
 func init() {
@@ -64,10 +64,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return err
 	}
 	given := make(cfargs.Given)
-	return cfargs.EachOption(d, "", given, func(opt string) error { return h.parseOption(d, given, opt) }, func() error {
-		_, err := h.compile()
-		return err
-	})
+	return cfargs.EachOption(d, "", given, func(opt string) error { return h.parseOption(d, given, opt) }, backend.Check(h.compile))
 }
 
 // parseOption parses one option of the directive's block.
@@ -195,7 +192,7 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser, given cfargs.Given) erro
 		if h.WaitTimeout != 0 {
 			return d.Err("the wait timeout is already given by wait_timeout")
 		}
-		// Parsed here rather than with durationArg, which would name the
+		// Parsed here rather than with cfargs.DurationArg, which would name the
 		// option after the current token ("wait").
 		s := d.Val()
 		dur, err := cfargs.ParseDuration("in_flight wait", s)

@@ -13,8 +13,8 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
 // The `caddy idempotency` command: what an operator otherwise does with
@@ -40,7 +40,9 @@ list      the records in flight, per store, a page at a time
 See docs/operations.md of the module.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.AddCommand(hashCommand(), schemaCommand(), recordCommand("get"), recordCommand("delete"), listCommand())
+			cmd.AddCommand(hashCommand(), recordCommand("get"), recordCommand("delete"), listCommand())
+			// The backends' own (storage postgres: schema).
+			cmd.AddCommand(backend.Commands()...)
 		},
 	})
 }
@@ -138,48 +140,6 @@ func flagWords(err error) error {
 		"scope_template", "--scope-template", "scope_hash", "--scope-hash", "key_hash", "--key-hash",
 		"give scope", "give --scope", "key with scope", "--key with --scope")
 	return fmt.Errorf("%s", r.Replace(err.Error()))
-}
-
-func schemaCommand() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "schema [--table <name>] [--role <role>]",
-		Short: "Prints the PostgreSQL statements that create the table (for create_table false) and grant its use",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			table, _ := cmd.Flags().GetString("table")
-			role, _ := cmd.Flags().GetString("role")
-			statements, err := postgres.Schema(table)
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			for _, s := range statements {
-				s = strings.TrimSpace(s)
-				if isUpgrade(s) {
-					fmt.Fprintln(out, "-- Upgrade: adds a column that tables made by earlier versions lack (nothing to do on a table the statements above made).")
-				}
-				fmt.Fprintf(out, "%s;\n\n", s)
-			}
-			if role != "" {
-				grant, err := postgres.Grant(table, role)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(out, "%s;\n", grant)
-			}
-			return nil
-		},
-	}
-	cmd.Flags().String("table", postgres.DefaultTable, "the table name, as the table option of storage postgres (may be schema-qualified)")
-	cmd.Flags().String("role", "", "the database role Caddy connects as, to grant the table's use to")
-	return cmd
-}
-
-// isUpgrade reports whether a statement of the schema is there for
-// tables made by an earlier version (ALTER TABLE ... ADD COLUMN IF NOT
-// EXISTS), rather than to make the table.
-func isUpgrade(statement string) bool {
-	return strings.HasPrefix(statement, "ALTER TABLE ") && strings.Contains(statement, " ADD COLUMN IF NOT EXISTS ")
 }
 
 // recordCommand is get or delete: one request to the admin API's

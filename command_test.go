@@ -2,18 +2,13 @@ package idempotency
 
 import (
 	"bytes"
-	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
-
-	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
-	"github.com/caddy-idempotency/caddy-idempotency/storage"
-	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
 // runCommand runs cmd with args and returns what it printed.
@@ -66,55 +61,6 @@ func TestHashCommandGivesTheHashesTheHandlerLogs(t *testing.T) {
 	}
 }
 
-// TestSchemaCommandMakesATableAStoreWorksOn runs the statements `caddy
-// idempotency schema --table t --role r` prints on a real PostgreSQL: a
-// role that may not create tables then runs a store on the table.
-func TestSchemaCommandMakesATableAStoreWorksOn(t *testing.T) {
-	dsn := pgtest.Require(t)
-	table := pgtest.Table(t, dsn)
-	roleDSN, role := pgtest.Role(t, dsn, "")
-	out, err := runCommand(t, schemaCommand(), "--table", table, "--role", role)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out, "CREATE TABLE IF NOT EXISTS") || !strings.Contains(out, "GRANT SELECT, INSERT, UPDATE, DELETE") {
-		t.Fatalf("schema printed %q", out)
-	}
-	for _, stmt := range strings.Split(out, ";\n") {
-		if stmt = strings.TrimSpace(stmt); stmt != "" {
-			pgtest.Exec(t, dsn, stmt)
-		}
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	poolCfg, err := postgres.NewPoolConfig(roleDSN, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := postgres.New(pool, postgres.Options{Table: table})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	key := storage.Key{Scope: "s", ID: "schema"}
-	res, err := s.Reserve(ctx, key, []byte("fp"), time.Minute)
-	if err != nil || res.Outcome != storage.Acquired {
-		t.Fatalf("reserve as %s on the table the schema made: %v %v", role, res.Outcome, err)
-	}
-	if err := s.Complete(ctx, key, res.Token, &storage.Response{Status: 201}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-
-	if out, err := runCommand(t, schemaCommand(), "--table", "Bad-Name"); err == nil {
-		t.Fatalf("schema for an invalid table name: %q, want an error", out)
-	}
-}
-
 // TestRecordCommandsRefuseKeyHashWithAScope: --key-hash names the record
 // alone; a scope beside it is refused, as the admin API refuses it,
 // rather than dropped without a word.
@@ -135,34 +81,6 @@ func TestRecordCommandsRefuseKeyHashWithAScope(t *testing.T) {
 				t.Errorf("%s %q: %q %v, want --key-hash refused with %s", verb, args, out, err, extra[0])
 			}
 		}
-	}
-}
-
-// TestSchemaCommandMarksItsUpgradeStatements: the statements that bring
-// a table of an earlier version up to date (ALTER TABLE ... ADD COLUMN IF
-// NOT EXISTS) come with a comment that says so; those that make the table
-// do not.
-func TestSchemaCommandMarksItsUpgradeStatements(t *testing.T) {
-	out, err := runCommand(t, schemaCommand())
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(out, "\n")
-	upgrades := 0
-	for i, line := range lines {
-		marked := i > 0 && strings.HasPrefix(lines[i-1], "-- Upgrade:")
-		switch {
-		case strings.Contains(line, "ADD COLUMN IF NOT EXISTS"):
-			upgrades++
-			if !marked {
-				t.Errorf("upgrade statement %q without its comment in:\n%s", line, out)
-			}
-		case strings.HasPrefix(line, "CREATE ") && marked:
-			t.Errorf("%q marked as an upgrade", line)
-		}
-	}
-	if upgrades == 0 {
-		t.Fatalf("no upgrade statement in:\n%s", out)
 	}
 }
 
@@ -198,6 +116,27 @@ func TestHashCommandWarnsOfAHostWithAPort(t *testing.T) {
 		warned := strings.Contains(stderr.String(), "looks like host:port")
 		if warned != tc.warn {
 			t.Errorf("hash %q: stderr %q; want a host:port warning: %v", tc.args, stderr.String(), tc.warn)
+		}
+	}
+}
+
+// TestTheCommandHasTheBackendsSubcommands: `caddy idempotency` has its
+// own subcommands and those the backends registered (storage postgres:
+// schema), without the host importing a backend's store for them.
+func TestTheCommandHasTheBackendsSubcommands(t *testing.T) {
+	c, ok := caddycmd.Commands()["idempotency"]
+	if !ok {
+		t.Fatal("no idempotency command")
+	}
+	root := &cobra.Command{Use: "idempotency"}
+	c.CobraFunc(root)
+	var names []string
+	for _, sub := range root.Commands() {
+		names = append(names, sub.Name())
+	}
+	for _, want := range []string{"hash", "schema", "get", "delete", "list"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("subcommands %v lack %s", names, want)
 		}
 	}
 }

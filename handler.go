@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
@@ -38,19 +39,15 @@ var errStoreClosed = errors.New("the idempotency store of this configuration is 
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler: the request flow of
 // docs/guarantees.md. What happened to the request is classified once
-// (answer.go); the mode decides what to do with that answer (enforce
-// below, observe in observe.go).
+// (answer.go); the mode acts on that answer (mode.go: enforce.go,
+// observe.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if !slices.Contains(h.methods, r.Method) {
+	if !slices.Contains(h.policy.methods, r.Method) {
 		return next.ServeHTTP(w, r)
 	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if _, taken := repl.Get(placeholderKeyHash); taken {
-		// An outer enforcing idempotency handler owns this request's key.
+	if taken(h.policy.mode, repl) {
 		return next.ServeHTTP(w, r)
-	}
-	if _, seen := repl.Get(placeholderObservedKeyHash); seen && h.observing {
-		return next.ServeHTTP(w, r) // an outer observer classifies it
 	}
 
 	x := exchange{h: h, w: w, r: r, next: next, repl: repl}
@@ -60,14 +57,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	x.k = k
 	if ref != nil {
-		return x.act(h.refusalAnswer(ref))
+		return h.policy.mode.carryOut(&x, h.policy.refusalAnswer(ref))
 	}
-	res, err := h.keeper.reserve(r.Context(), k.key, k.fp)
+	res, err := h.keeper.claim(r.Context(), k.key, k.fp)
 	if err != nil {
-		return x.act(h.storeErrorAnswer(err))
+		return h.policy.mode.carryOut(&x, h.policy.storeErrorAnswer(err))
 	}
 	replayed := outcomeReplayed
-	if res.Outcome == storage.Conflict && !h.observing {
+	if res.Outcome == storage.Conflict && h.policy.mode.traits().waits {
 		if wait, asked := h.waitFor(r); wait > 0 && h.enterWait() {
 			replayed = outcomeWaited
 			if asked {
@@ -76,12 +73,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			res, err = h.keeper.await(r.Context(), k.key, k.fp, res, wait)
 			h.leaveWait()
 			if err != nil {
-				return x.act(h.storeErrorAnswer(err))
+				return h.policy.mode.carryOut(&x, h.policy.storeErrorAnswer(err))
 			}
 		}
 	}
 	x.res = res
-	return x.act(reservationAnswer(res.Outcome, replayed))
+	return h.policy.mode.carryOut(&x, reservationAnswer(res.Outcome, replayed))
 }
 
 // exchange is one request on its way through the handler.
@@ -97,66 +94,32 @@ type exchange struct {
 	requestID string // Caddy's id of a rejected request ("" otherwise)
 }
 
-// act carries out the answer in the handler's mode.
-func (x *exchange) act(a answer) error {
-	if x.h.observing {
-		return x.observe(a)
+// settle records how the handler answered the request: in the
+// {http.idempotency.outcome} placeholder, the requests counter, the access
+// log and a debug log.
+func (x *exchange) settle(o outcome) {
+	h, r, repl := x.h, x.r, x.repl
+	m := h.policy.mode.traits()
+	repl.Set(placeholderOutcome, o.value())
+	if m.answers {
+		repl.Set(placeholderSettled, true)
 	}
-	return x.enforce(a)
-}
-
-// enforce carries out the answer of enforce mode.
-func (x *exchange) enforce(a answer) error {
-	h := x.h
-	if a.act == actReject {
-		// The id the problem's instance, the access log and the log
-		// line below all carry.
-		x.requestID, _ = x.repl.GetString("http.request.uuid")
+	m.counted(r, o)
+	traceOutcome(r.Context(), o, repl, h.backendName, m)
+	kh, _ := repl.GetString(m.keyHash)
+	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+		extra.Add(zap.String(m.outcomeField, string(o)))
+		if kh != "" {
+			extra.Add(zap.String(m.hashField, kh))
+		}
 	}
-	if a.level != logNone {
-		fields := []zap.Field{zap.String("key_hash", x.keyHash())}
+	if c := h.logger.Check(zapcore.DebugLevel, "idempotency outcome"); c != nil {
 		if x.requestID != "" {
-			fields = append(fields, zap.String("request_id", x.requestID))
-		}
-		if a.err != nil {
-			fields = append(fields, zap.String("backend", h.backendName), zap.Error(a.err))
-		}
-		if a.outcome == outcomeStoreError {
-			// At most a line a second per store, with a count (storelog.go).
-			storeErrors.log(h.keeper.store, h.logger, a.level, a.msg, fields)
+			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh), zap.String("request_id", x.requestID))
 		} else {
-			h.logger.Log(a.level, a.msg, fields...)
+			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh))
 		}
 	}
-	switch a.act {
-	case actRun:
-		return x.execute(x.res.Token)
-	case actReplay:
-		return x.replay(x.res.Record, a.outcome)
-	case actPass:
-		if a.outcome == outcomePassed {
-			return x.pass()
-		}
-		x.settle(a.outcome) // fail_open
-		metricsOf(x.r).failOpen.Inc()
-		return x.next.ServeHTTP(x.w, x.r)
-	case actFail:
-		return a.err
-	}
-	if a.retryAfter != "" {
-		x.w.Header().Set("Retry-After", a.retryAfter)
-	}
-	var differs []string
-	if a.outcome == outcomeMismatch {
-		a.detail, differs = h.mismatchDetail(x.r, x.k, x.res.Record)
-	}
-	x.settle(a.outcome)
-	x.repl.Set(placeholderProblem, a.problem.typeURI())
-	if h.errors == errorsHandleErrors {
-		// The problem goes to the site's error routes instead.
-		return caddyhttp.Error(a.problem.status, errors.New(a.detail))
-	}
-	return writeProblem(x.w, h.docsURL, a.problem, a.detail, differs, x.requestID)
 }
 
 // keyHash is the key hash of the request's key, "" before it has one.
@@ -178,15 +141,15 @@ func (x *exchange) execute(token storage.Token) error {
 	defer inFlight.Dec()
 	// What a later 422 needs to tell what differs; taken before the next
 	// handler reads the body.
-	detail := h.fingerprint.DetailCanonical(r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes(), k.canonical)
+	detail := h.policy.fingerprint.DetailCanonical(r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes(), k.canonical)
 	l := h.keeper.holdLease(k.key, token)
 	// Runs after the record is settled: the write that settles it keeps
 	// the lease alive, in aftercare if the store cannot take it at once.
 	defer l.stop()
-	rec := newRecorder(w, h.maxResponseSize, h.observing)
+	rec := newRecorder(w, h.policy.maxResponseSize, h.policy.mode.traits().transparent)
 	defer rec.unbound()
 
-	if !h.observing {
+	if h.policy.mode.traits().detaches {
 		// The request runs to the end even if the client hangs up: an
 		// upstream cancelled half-way may or may not have acted, and its
 		// response is what every retry must get. Stored bodies are never
@@ -255,7 +218,7 @@ func (h *Handler) finish(ctx context.Context, key storage.Key, token storage.Tok
 		h.keeper.release(ctx, key, token, fmt.Sprintf("invalid status %d", max(rec.invalid, status)))
 	case failure != "" && rec.status == 0:
 		h.keeper.release(ctx, key, token, failure)
-	case h.releaseOn.has(status):
+	case h.policy.releaseOn.has(status):
 		h.keeper.release(ctx, key, token, fmt.Sprintf("status %d", status))
 	default:
 		resp := &storage.Response{Status: status, Header: header, Body: body, BodyOmitted: omitted, Detail: detail}
@@ -264,7 +227,7 @@ func (h *Handler) finish(ctx context.Context, key storage.Key, token storage.Tok
 			h.logger.Warn("the response broke off after its status was sent; recording status and headers without the body",
 				zap.String("key_hash", key.Hash()), zap.Int("status", status), zap.String("failure", failure))
 		}
-		identityBody(resp, h.maxResponseSize)
+		identityBody(resp, h.policy.maxResponseSize)
 		h.keeper.complete(ctx, key, token, resp)
 	}
 }
@@ -279,8 +242,8 @@ func (x *exchange) replay(rec *storage.Record, how outcome) error {
 	resp := rec.Response
 	hdr := w.Header()
 	trailers := replayHeader(hdr, resp.Header)
-	if h.replayHeader != "" {
-		hdr.Set(h.replayHeader, "true")
+	if h.policy.replayHeader != "" {
+		hdr.Set(h.policy.replayHeader, "true")
 	}
 	if resp.BodyOmitted {
 		hdr.Del("Content-Length")
@@ -312,9 +275,9 @@ func (h *Handler) mismatchDetail(r *http.Request, k *keyedRequest, rec *storage.
 	differs := h.differs(r, k, rec)
 	if len(differs) > 0 {
 		return fmt.Sprintf("this %s was already used for a request that differs in %s; use a new key for a new operation",
-			h.header, strings.Join(differs, ", ")), differs
+			h.policy.header, strings.Join(differs, ", ")), differs
 	}
-	return fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.header), nil
+	return fmt.Sprintf("this %s was already used for a different request; use a new key for a new operation", h.policy.header), nil
 }
 
 // differs names the parts of the request that differ from the recorded
@@ -324,7 +287,7 @@ func (h *Handler) differs(r *http.Request, k *keyedRequest, rec *storage.Record)
 	if rec == nil {
 		return nil
 	}
-	d, ok := h.fingerprint.Differs(rec.Detail, r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes())
+	d, ok := h.policy.fingerprint.Differs(rec.Detail, r.Method, k.path, r.URL.RawQuery, r.Header, k.body.Bytes())
 	if !ok {
 		return nil
 	}

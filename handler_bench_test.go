@@ -14,8 +14,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 )
 
 // discardWriter is a ResponseWriter that keeps only the status, so that a
@@ -179,9 +180,9 @@ func BenchmarkReplay(b *testing.B) {
 func BenchmarkRedisReplay(b *testing.B) {
 	addr := redistest.Addr()
 	redistest.Require(b, addr)
-	prefix := redisPrefix()
+	prefix := backendtest.RedisPrefix()
 	h := storeBenchHandler(b, map[string]any{"backend": "redis", "url": "redis://" + addr + "/0", "key_prefix": prefix})
-	b.Cleanup(func() { deleteRedisPrefix(b, addr, prefix) })
+	b.Cleanup(func() { backendtest.DeleteRedisPrefix(b, addr, prefix) })
 	body := benchJSON()
 	next := nopNext()
 	w := &discardWriter{h: http.Header{}}

@@ -340,7 +340,7 @@ func TestScopeIsHashedBeforeTheStore(t *testing.T) {
 	r.Header.Set("Authorization", "Bearer secret-token")
 	serve(h, &upstream{}, r)
 	key := storage.Key{Scope: hashHex("example.com Bearer secret-token"), ID: "k"}
-	if _, err := h.store.Get(t.Context(), key, false); err != nil {
+	if _, err := h.rawStore().Get(t.Context(), key, false); err != nil {
 		t.Fatalf("record not under the hashed scope: %v", err)
 	}
 	if strings.Contains(key.Scope, "secret") {

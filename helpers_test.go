@@ -31,7 +31,7 @@ func provision(t testing.TB, h *Handler) *Handler {
 	if err := h.Validate(); err != nil {
 		t.Fatalf("validate: %v", err)
 	}
-	h.logger = zap.NewNop() // keep test output readable; observability_internal_test.go observes them
+	h.logger = zap.NewNop() // keep test output readable; handler_observability_test.go observes them
 	return h
 }
 
@@ -150,12 +150,20 @@ func problemOf(t *testing.T, w *httptest.ResponseRecorder) problemBody {
 
 // records counts what a handler's memory store holds.
 func records(h *Handler) int {
-	return h.store.(interface{ Len() int }).Len()
+	return h.rawStore().(interface{ Len() int }).Len()
 }
 
 // useStore puts store under h in place of its backend's, as Provision
 // would have: h's keeper observes it, and aftercare writes to it.
 func (h *Handler) useStore(store storage.Store) {
-	h.store = store
-	h.keeper = newKeeper(store, h.backendName).forHandler(time.Duration(h.lockTimeout), time.Duration(h.ttl), h.logger, h.holdStore)
+	h.keeper = newKeeper(observe(store, h.backendName, h.keeper.store.holder), time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger)
+}
+
+// rawStore is the store h's requests talk to, unobserved (nil before
+// Provision took one).
+func (h *Handler) rawStore() storage.Store {
+	if h.keeper == nil {
+		return nil
+	}
+	return h.keeper.store.store
 }

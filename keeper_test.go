@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -20,7 +19,7 @@ func testKeeper(t *testing.T, backend string) (*keeper, storage.Store) {
 	t.Helper()
 	s := memory.New(memory.Options{})
 	t.Cleanup(func() { s.Close() })
-	k := newKeeper(s, backend).forHandler(time.Minute, time.Hour, zap.NewNop(), func() (func(), bool) { return func() {}, true })
+	k := newKeeper(observe(s, backend, nil), time.Minute, time.Hour, zap.NewNop())
 	return k, s
 }
 
@@ -36,7 +35,7 @@ func opCount(t *testing.T, backend, op string) uint64 {
 }
 
 // TestKeeperConversationWithoutAHandler runs a request's conversation
-// with the store through a keeper alone: the first reserve takes the key,
+// with the store through a keeper alone: the first claim takes the key,
 // a second conflicts and awaits, the completion wakes it with a replay;
 // every call, the wait included, is observed in the latency histogram.
 func TestKeeperConversationWithoutAHandler(t *testing.T) {
@@ -45,12 +44,12 @@ func TestKeeperConversationWithoutAHandler(t *testing.T) {
 	key, fp := storage.Key{Scope: "s", ID: "conversation"}, []byte("fp")
 	ctx := context.Background()
 
-	first, err := k.reserve(ctx, key, fp)
+	first, err := k.claim(ctx, key, fp)
 	if err != nil || first.Outcome != storage.Acquired {
 		t.Fatalf("first reserve: %v %v", first.Outcome, err)
 	}
 	l := k.holdLease(key, first.Token)
-	second, err := k.reserve(ctx, key, fp)
+	second, err := k.claim(ctx, key, fp)
 	if err != nil || second.Outcome != storage.Conflict {
 		t.Fatalf("second reserve: %v %v", second.Outcome, err)
 	}
@@ -84,34 +83,16 @@ func TestKeeperConversationWithoutAHandler(t *testing.T) {
 }
 
 // TestKeeperReleaseFreesTheKey releases a reservation through the keeper:
-// the next reserve takes the key again.
+// the next claim takes the key again.
 func TestKeeperReleaseFreesTheKey(t *testing.T) {
 	k, _ := testKeeper(t, "keeper-test")
 	key, fp := storage.Key{Scope: "s", ID: "release"}, []byte("fp")
-	res, err := k.reserve(context.Background(), key, fp)
+	res, err := k.claim(context.Background(), key, fp)
 	if err != nil || res.Outcome != storage.Acquired {
 		t.Fatalf("reserve: %v %v", res.Outcome, err)
 	}
 	k.release(context.Background(), key, res.Token, "test")
-	if res, err := k.reserve(context.Background(), key, fp); err != nil || res.Outcome != storage.Acquired {
+	if res, err := k.claim(context.Background(), key, fp); err != nil || res.Outcome != storage.Acquired {
 		t.Fatalf("reserve after release: %v %v, want the key free", res.Outcome, err)
-	}
-}
-
-// TestKeeperSeesOptionalInterfaces: a keeper does not hide what the store
-// can do beyond storage.Store (the wrapper it replaced did): the memory
-// store notifies waiters and finds records by key hash, and a store that
-// cannot makes Wait say so.
-func TestKeeperSeesOptionalInterfaces(t *testing.T) {
-	k, _ := testKeeper(t, "keeper-test")
-	if k.waiter == nil || k.finder == nil {
-		t.Fatalf("waiter %v, finder %v: the memory store is both", k.waiter, k.finder)
-	}
-	plain := newKeeper(struct{ storage.Store }{memory.New(memory.Options{})}, "keeper-test")
-	if err := plain.Wait(context.Background(), storage.Key{Scope: "s", ID: "k"}, time.Millisecond); !errors.Is(err, errCannotWait) {
-		t.Fatalf("Wait on a store that cannot notify: %v", err)
-	}
-	if recs, err := plain.GetByHash(context.Background(), "00", false); recs != nil || err != nil {
-		t.Fatalf("GetByHash on a store that cannot: %v %v", recs, err)
 	}
 }

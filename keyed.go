@@ -45,14 +45,33 @@ func (k *keyedRequest) done() {
 // canonPool holds the buffers of keyedRequest.canonical.
 var canonPool = sync.Pool{New: func() any { return new([]byte) }}
 
-// refusal is why a request cannot be keyed: the outcome, and in enforce
-// mode the problem it is answered with (none for passed).
+// refusal is why a request cannot be keyed: what happened, not how it
+// is answered (answer.go's refusalAnswer says that, with the other rows of
+// the answer table).
 type refusal struct {
-	outcome outcome
-	problem problem
-	detail  string
-	err     error // a failure to read the body, answered by Caddy
+	why  refused
+	err  error  // keyMalformed, keyAmbiguous: what the parser said; bodyUnreadable: the read error
+	what string // keyJSONInvalid: what is wrong with the key at key_json
 }
+
+// refused is a reason a request cannot be keyed.
+type refused uint8
+
+const (
+	noKey          refused = iota + 1 // no key header, and none at key_json
+	keyMalformed                      // the key header is not a key
+	noScope                           // the scope is blank: no client identity
+	storeClosed                       // the handler's store closed as the request arrived (a reload)
+	bodyTooLarge                      // the body is over max_body_size
+	bodyUnreadable                    // the body could not be read
+	keyAmbiguous                      // a member twice on the way to key_json
+	keyJSONInvalid                    // the value at key_json is not a key
+	bodyNotJSON                       // a body declared as JSON is not JSON
+)
+
+// refusedNoKey is the refusal of a request without a key (the usual one:
+// a request that passes).
+var refusedNoKey = &refusal{why: noKey}
 
 // keyRequest finds the request's key, scope and body and fingerprints it,
 // holding the store from before the body is read. The key comes from the
@@ -65,37 +84,35 @@ type refusal struct {
 // its done must be called when the request is over: a request that goes
 // on (no key found in the body, observe mode) reads its body from k.
 func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedRequest, ref *refusal) {
-	values := r.Header[h.headerKey]
-	if len(values) == 0 && h.keyJSON == nil {
-		return nil, h.noKey()
+	values := r.Header[h.policy.headerKey]
+	if len(values) == 0 && h.policy.keyJSON == nil {
+		return nil, refusedNoKey
 	}
 	var id string
 	if len(values) > 0 {
 		var err error
-		if id, err = fingerprint.ParseKey(values, h.maxKeyLength); err != nil {
-			return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: err.Error()}
+		if id, err = fingerprint.ParseKey(values, h.policy.maxKeyLength); err != nil {
+			return nil, &refusal{why: keyMalformed, err: err}
 		}
 	}
-	scope, ok := h.scope.hash(repl, h.observing)
+	scope, ok := h.policy.scope.hash(repl, h.policy.mode.traits().scopePrefix)
 	if !ok {
-		return nil, &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid,
-			detail: "the request carries no client identity to scope the key to"}
+		return nil, &refusal{why: noScope}
 	}
 	// Hold the store before reading the body: a reload that replaces the
 	// storage config while a slow client uploads must not close it under
 	// the request.
-	unhold, ok := h.holdStore()
+	unhold, ok := h.keeper.store.hold()
 	if !ok {
-		return nil, &refusal{outcome: outcomeStoreError, err: errStoreClosed}
+		return nil, &refusal{why: storeClosed}
 	}
-	body, err := readBody(r, h.maxBodySize)
+	body, err := readBody(r, h.policy.maxBodySize)
 	if err != nil {
 		unhold()
 		if errors.Is(err, errBodyTooLarge) {
-			return nil, &refusal{outcome: outcomeTooLarge, problem: problemTooLarge,
-				detail: fmt.Sprintf("requests with an %s may carry at most %d bytes", h.header, h.maxBodySize)}
+			return nil, &refusal{why: bodyTooLarge}
 		}
-		return nil, &refusal{outcome: outcomeInvalid, err: err}
+		return nil, &refusal{why: bodyUnreadable, err: err}
 	}
 	k = &keyedRequest{body: body, unhold: unhold}
 	if id == "" {
@@ -104,73 +121,53 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 		}
 	}
 	k.key = storage.Key{Scope: scope, ID: id}
-	if h.observing {
-		repl.Set(placeholderObservedKeyHash, k.key.Hash())
-	} else {
-		repl.Set(placeholderKeyHash, k.key.Hash())
-	}
+	repl.Set(h.policy.mode.traits().keyHash, k.key.Hash())
 
 	k.path = r.URL.EscapedPath()
 	k.canonBuf = canonPool.Get().(*[]byte)
-	fp, canon, canonical := h.fingerprint.SumJSONCanonical(k.sum[:0], (*k.canonBuf)[:0], r.Method, k.path, r.URL.RawQuery, r.Header, body.Bytes())
+	fp, canon, canonical := h.policy.fingerprint.SumJSONCanonical(k.sum[:0], (*k.canonBuf)[:0], r.Method, k.path, r.URL.RawQuery, r.Header, body.Bytes())
 	*k.canonBuf = canon
 	if len(canon) > 0 {
 		k.canonical = canon
 	}
-	if !canonical && h.fingerprint.CanonicalJSON() && body.Len() > 0 && fingerprint.DeclaresJSON(r.Header) && !json.Valid(body.Bytes()) {
+	if !canonical && h.policy.fingerprint.CanonicalJSON() && body.Len() > 0 && fingerprint.DeclaresJSON(r.Header) && !json.Valid(body.Bytes()) {
 		// A body that says it is JSON and is not cannot be compared by
 		// meaning, and no JSON upstream can act on it: refuse it here,
 		// before anything is stored.
-		return k, &refusal{outcome: outcomeInvalid, problem: problemBodyNotJSON,
-			detail: "the request body is declared as JSON but is not valid JSON"}
+		return k, &refusal{why: bodyNotJSON}
 	}
 	k.fp = fp
 	return k, nil
-}
-
-// noKey is the refusal of a request without a key.
-func (h *Handler) noKey() *refusal {
-	if !h.required {
-		return &refusal{outcome: outcomePassed}
-	}
-	detail := fmt.Sprintf("this endpoint requires an %s header with a unique key per operation", h.header)
-	if h.keyJSON != nil {
-		detail = fmt.Sprintf("this endpoint requires an %s header, or a JSON body with the key at %s", h.header, h.keyJSON)
-	}
-	return &refusal{outcome: outcomeMissing, problem: problemKeyMissing, detail: detail}
 }
 
 // keyFromBody finds the key at key_json in a JSON body: a string under the
 // key syntax, or an integer as its decimal text. A body that is not JSON,
 // or has no member there (or null), has no key.
 func (h *Handler) keyFromBody(body []byte) (string, *refusal) {
-	v, found, err := h.keyJSON.Lookup(body)
+	v, found, err := h.policy.keyJSON.Lookup(body)
 	if errors.Is(err, fingerprint.ErrDuplicateMember) {
 		// Parsers disagree on which of two members counts: the upstream
 		// could act on another key than the one recorded.
-		return "", &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid,
-			detail: fmt.Sprintf("the key at %s is ambiguous: %v; send each member once", h.keyJSON, err)}
+		return "", &refusal{why: keyAmbiguous, err: err}
 	}
 	if err != nil || !found || string(v) == "null" {
-		return "", h.noKey()
+		return "", refusedNoKey
 	}
-	invalid := func(why string) *refusal {
-		return &refusal{outcome: outcomeInvalid, problem: problemKeyInvalid, detail: fmt.Sprintf("the key at %s %s", h.keyJSON, why)}
-	}
+	invalid := func(what string) *refusal { return &refusal{why: keyJSONInvalid, what: what} }
 	switch {
 	case v[0] == '"':
 		var s string
 		if json.Unmarshal(v, &s) != nil {
 			return "", invalid("is not a valid JSON string")
 		}
-		id, err := fingerprint.ParseKey([]string{s}, h.maxKeyLength)
+		id, err := fingerprint.ParseKey([]string{s}, h.policy.maxKeyLength)
 		if err != nil || strings.ContainsRune(s, '"') {
-			return "", invalid("must be visible ASCII without commas or quotes, at most " + fmt.Sprint(h.maxKeyLength) + " bytes")
+			return "", invalid("must be visible ASCII without commas or quotes, at most " + fmt.Sprint(h.policy.maxKeyLength) + " bytes")
 		}
 		return id, nil
 	case isJSONInteger(v):
-		if len(v) > h.maxKeyLength {
-			return "", invalid(fmt.Sprintf("is longer than %d digits", h.maxKeyLength))
+		if len(v) > h.policy.maxKeyLength {
+			return "", invalid(fmt.Sprintf("is longer than %d digits", h.policy.maxKeyLength))
 		}
 		return string(v), nil
 	}

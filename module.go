@@ -21,8 +21,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -216,15 +216,14 @@ type Handler struct {
 
 	backend      backend.Backend // the storage module
 	backendName  string          // its name: memory, redis, postgres
-	store        storage.Store   // the backend's store
 	keeper       *keeper         // the requests' conversation with the store
 	nothingAfter uint32          // warnNothingAfter has warned (atomic)
 	waiting      int32           // requests waiting for an in-flight first one (atomic)
 	logger       *zap.Logger
 
-	// What requests run on, set by Provision. Embedded, so that requests
-	// read h.ttl or h.scope; the fields above stay as configured.
-	policy
+	// What requests run on, set by Provision: requests read
+	// h.policy.ttl, never h.TTL, which stays as configured.
+	policy policy
 }
 
 // policy is the handler's configuration compiled (see compile): defaults
@@ -248,7 +247,7 @@ type policy struct {
 	onStorageError  string
 	replayHeader    string // canonical; empty for off
 	docsURL         string
-	observing       bool                 // mode observe
+	mode            mode                 // how the handler acts on an answer
 	errors          string               // errors problem or handle_errors
 	keyJSON         *fingerprint.Pointer // nil without key_json
 }
@@ -344,7 +343,7 @@ func (h *Handler) compile() (policy, error) {
 	case h.Errors != "" && h.Errors != errorsProblem && h.Errors != errorsHandleErrors:
 		return policy{}, opterr.Errorf("errors", "errors must be %s or %s, got '%s'", errorsProblem, errorsHandleErrors, h.Errors)
 	}
-	p.observing = h.Mode == modeObserve
+	p.mode = modes[cmp.Or(h.Mode, modeEnforce)]
 	p.errors = cmp.Or(h.Errors, errorsProblem)
 	if h.KeyJSON != "" {
 		ptr, err := fingerprint.ParsePointer(h.KeyJSON)
@@ -443,34 +442,26 @@ func (fc *FingerprintConfig) fingerprinter() (*fingerprint.Fingerprinter, error)
 // loadStorage loads the storage backend and wires the handler to its
 // store.
 func (h *Handler) loadStorage(ctx caddy.Context) error {
-	backend, name, err := loadBackend(ctx, h)
+	b, name, err := loadBackend(ctx, h)
 	if err != nil {
 		return err
 	}
-	h.backend, h.backendName = backend, name
-	h.store = backend.Store()
-	if kl, ok := h.store.(storage.KeyLimiter); ok && kl.MaxKeyLength() > 0 && h.maxKeyLength > kl.MaxKeyLength() {
+	h.backend, h.backendName = b, name
+	store := b.Store()
+	if kl, ok := store.(storage.KeyLimiter); ok && kl.MaxKeyLength() > 0 && h.policy.maxKeyLength > kl.MaxKeyLength() {
 		// Refused at start-up, not with a 503 for every long key.
-		return opterr.Errorf("max_key_length", "max_key_length %d is more than the %s store can hold: at most %d", h.maxKeyLength, name, kl.MaxKeyLength())
+		return opterr.Errorf("max_key_length", "max_key_length %d is more than the %s store can hold: at most %d", h.policy.maxKeyLength, name, kl.MaxKeyLength())
 	}
-	h.keeper = newKeeper(h.store, name).forHandler(time.Duration(h.lockTimeout), time.Duration(h.ttl), h.logger, h.holdStore)
+	holder, _ := b.(backend.Holder)
+	h.keeper = newKeeper(observe(store, name, holder), time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger)
 	return nil
-}
-
-// holdStore keeps the handler's store open until release is called (see
-// backend.Holder).
-func (h *Handler) holdStore() (release func(), ok bool) {
-	if sh, ok := h.backend.(backend.Holder); ok {
-		return sh.HoldStore()
-	}
-	return func() {}, true
 }
 
 // Validate reports configuration errors. Provision compiled the
 // configuration before taking a store, so a handler with a store has
 // none left; one that was not provisioned reports its compile error.
 func (h *Handler) Validate() error {
-	if h.store != nil {
+	if h.keeper != nil {
 		return nil
 	}
 	if _, err := h.compile(); err != nil {

@@ -15,8 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
@@ -70,25 +70,25 @@ func TestProvisionDefaults(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"ttl", time.Duration(h.ttl), 24 * time.Hour},
-		{"lock_timeout", time.Duration(h.lockTimeout), 30 * time.Second},
-		{"methods", h.methods, []string{"POST", "PATCH"}},
-		{"header", h.header, "Idempotency-Key"},
-		{"header (effective)", h.headerKey, "Idempotency-Key"},
-		{"required", h.required, false},
-		{"scope", h.scope, mustScope(t, "{http.request.host} {http.request.header.Authorization}")},
-		{"max_key_length", h.maxKeyLength, 255},
-		{"max_body_size", h.maxBodySize, int64(1 << 20)},
-		{"max_response_size", h.maxResponseSize, int64(1 << 20)},
-		{"fingerprint.headers", h.fingerprint.Headers(), []string{"Content-Type"}},
-		{"fingerprint.canonical_json (effective)", h.fingerprint.CanonicalJSON(), true},
-		{"in_flight", h.inFlight, "wait"},
-		{"wait_timeout", time.Duration(h.waitTimeout), 10 * time.Second},
-		{"on_storage_error", h.onStorageError, "fail_closed"},
-		{"replay_header (effective)", h.replayHeader, "Idempotent-Replayed"},
-		{"docs_url", h.docsURL, ""},
-		{"mode", h.observing, false},
-		{"errors", h.errors, "problem"},
+		{"ttl", time.Duration(h.policy.ttl), 24 * time.Hour},
+		{"lock_timeout", time.Duration(h.policy.lockTimeout), 30 * time.Second},
+		{"methods", h.policy.methods, []string{"POST", "PATCH"}},
+		{"header", h.policy.header, "Idempotency-Key"},
+		{"header (effective)", h.policy.headerKey, "Idempotency-Key"},
+		{"required", h.policy.required, false},
+		{"scope", h.policy.scope, mustScope(t, "{http.request.host} {http.request.header.Authorization}")},
+		{"max_key_length", h.policy.maxKeyLength, 255},
+		{"max_body_size", h.policy.maxBodySize, int64(1 << 20)},
+		{"max_response_size", h.policy.maxResponseSize, int64(1 << 20)},
+		{"fingerprint.headers", h.policy.fingerprint.Headers(), []string{"Content-Type"}},
+		{"fingerprint.canonical_json (effective)", h.policy.fingerprint.CanonicalJSON(), true},
+		{"in_flight", h.policy.inFlight, "wait"},
+		{"wait_timeout", time.Duration(h.policy.waitTimeout), 10 * time.Second},
+		{"on_storage_error", h.policy.onStorageError, "fail_closed"},
+		{"replay_header (effective)", h.policy.replayHeader, "Idempotent-Replayed"},
+		{"docs_url", h.policy.docsURL, ""},
+		{"mode", h.policy.mode.traits().name, "enforce"},
+		{"errors", h.policy.errors, "problem"},
 		{"storage backend", h.backendName, "memory"},
 	}
 	for _, c := range checks {
@@ -99,20 +99,20 @@ func TestProvisionDefaults(t *testing.T) {
 
 	// The answers that say nothing was done free the key.
 	for _, code := range []int{500, 502, 503, 599, 401, 403, 407, 408, 429} {
-		if !h.releaseOn.has(code) {
+		if !h.policy.releaseOn.has(code) {
 			t.Errorf("default release_on does not free the key on %d", code)
 		}
 	}
 	for _, code := range []int{200, 201, 204, 301, 400, 404, 409, 422, 499} {
-		if h.releaseOn.has(code) {
+		if h.policy.releaseOn.has(code) {
 			t.Errorf("default release_on frees the key on %d", code)
 		}
 	}
 
-	if _, ok := h.store.(*memory.Store); !ok {
-		t.Errorf("default store is %T, want *memory.Store", h.store)
+	if _, ok := h.rawStore().(*memory.Store); !ok {
+		t.Errorf("default store is %T, want *memory.Store", h.rawStore())
 	}
-	if h.keeper.waiter == nil {
+	if h.keeper.store.waiter == nil {
 		t.Error("the memory store can notify waiters, but the keeper has no waiter")
 	}
 
@@ -121,7 +121,7 @@ func TestProvisionDefaults(t *testing.T) {
 	if err := tryProvision(t, ctx, explicit); err != nil {
 		t.Fatal(err)
 	}
-	if explicit.store != h.store {
+	if explicit.rawStore() != h.rawStore() {
 		t.Error("no storage and memory with max_keys 1000000 got different stores")
 	}
 }
@@ -154,27 +154,27 @@ func TestProvisionKeepsExplicitValues(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"ttl", time.Duration(h.ttl), time.Hour},
-		{"lock_timeout", time.Duration(h.lockTimeout), 5 * time.Second},
-		{"methods (effective)", h.methods, []string{"POST", "PUT"}},
-		{"header", h.header, "x-request-key"},
-		{"header (effective)", h.headerKey, "X-Request-Key"},
-		{"required", h.required, true},
-		{"scope", h.scope, mustScope(t, "{http.request.header.X-Tenant}")},
-		{"max_key_length", h.maxKeyLength, 64},
-		{"max_body_size", h.maxBodySize, int64(2048)},
-		{"max_response_size", h.maxResponseSize, int64(4096)},
-		{"fingerprint.headers", h.fingerprint.Headers(), []string{"X-Tenant"}},
-		{"fingerprint.canonical_json (effective)", h.fingerprint.CanonicalJSON(), false},
-		{"in_flight", h.inFlight, "wait"},
-		{"wait_timeout", time.Duration(h.waitTimeout), 3 * time.Second},
-		{"on_storage_error", h.onStorageError, "fail_open"},
-		{"replay_header (effective)", h.replayHeader, "X-Replayed"},
-		{"docs_url", h.docsURL, "https://api.example.com/docs#idempotency"},
+		{"ttl", time.Duration(h.policy.ttl), time.Hour},
+		{"lock_timeout", time.Duration(h.policy.lockTimeout), 5 * time.Second},
+		{"methods (effective)", h.policy.methods, []string{"POST", "PUT"}},
+		{"header", h.policy.header, "x-request-key"},
+		{"header (effective)", h.policy.headerKey, "X-Request-Key"},
+		{"required", h.policy.required, true},
+		{"scope", h.policy.scope, mustScope(t, "{http.request.header.X-Tenant}")},
+		{"max_key_length", h.policy.maxKeyLength, 64},
+		{"max_body_size", h.policy.maxBodySize, int64(2048)},
+		{"max_response_size", h.policy.maxResponseSize, int64(4096)},
+		{"fingerprint.headers", h.policy.fingerprint.Headers(), []string{"X-Tenant"}},
+		{"fingerprint.canonical_json (effective)", h.policy.fingerprint.CanonicalJSON(), false},
+		{"in_flight", h.policy.inFlight, "wait"},
+		{"wait_timeout", time.Duration(h.policy.waitTimeout), 3 * time.Second},
+		{"on_storage_error", h.policy.onStorageError, "fail_open"},
+		{"replay_header (effective)", h.policy.replayHeader, "X-Replayed"},
+		{"docs_url", h.policy.docsURL, "https://api.example.com/docs#idempotency"},
 		{"storage backend", h.backendName, "memory"},
-		{"release_on 429", h.releaseOn.has(429), true},
-		{"release_on 503", h.releaseOn.has(503), true},
-		{"release_on 409", h.releaseOn.has(409), false},
+		{"release_on 429", h.policy.releaseOn.has(429), true},
+		{"release_on 503", h.policy.releaseOn.has(503), true},
+		{"release_on 409", h.policy.releaseOn.has(409), false},
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -189,8 +189,8 @@ func TestProvisionReplayHeaderOff(t *testing.T) {
 	if err := tryProvision(t, ctx, h); err != nil {
 		t.Fatal(err)
 	}
-	if h.replayHeader != "" {
-		t.Errorf("replay_header off: effective header %q, want none", h.replayHeader)
+	if h.policy.replayHeader != "" {
+		t.Errorf("replay_header off: effective header %q, want none", h.policy.replayHeader)
 	}
 }
 
@@ -294,10 +294,10 @@ func TestProvisionSharesMemoryStore(t *testing.T) {
 	if err := tryProvision(t, ctx2, c); err != nil {
 		t.Fatal(err)
 	}
-	if a.store == nil || a.store != b.store {
-		t.Errorf("same memory config, different stores: %p and %p", a.store, b.store)
+	if a.rawStore() == nil || a.rawStore() != b.rawStore() {
+		t.Errorf("same memory config, different stores: %p and %p", a.rawStore(), b.rawStore())
 	}
-	if a.store == c.store {
+	if a.rawStore() == c.rawStore() {
 		t.Error("different max_keys, same store")
 	}
 }
@@ -340,12 +340,12 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 	if err := tryProvision(t, oldCtx, old); err != nil {
 		t.Fatal(err)
 	}
-	res, err := old.store.Reserve(bg, key, fp, time.Minute)
+	res, err := old.rawStore().Reserve(bg, key, fp, time.Minute)
 	if err != nil || res.Outcome != storage.Acquired {
 		t.Fatalf("Reserve = %v, %v; want acquired", res.Outcome, err)
 	}
 	resp := &storage.Response{Status: http.StatusCreated, Header: http.Header{"X-Order": {"42"}}, Body: []byte(`{"order":42}`)}
-	if err := old.store.Complete(bg, key, res.Token, resp, time.Hour); err != nil {
+	if err := old.rawStore().Complete(bg, key, res.Token, resp, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 
@@ -355,7 +355,7 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 	if err := tryProvision(t, newCtx, cur); err != nil {
 		t.Fatal(err)
 	}
-	if cur.store != old.store {
+	if cur.rawStore() != old.rawStore() {
 		t.Fatal("the reloaded config got a new store")
 	}
 	cancelOld()
@@ -363,18 +363,18 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rec, err := cur.store.Get(bg, key, true)
+	rec, err := cur.rawStore().Get(bg, key, true)
 	if err != nil {
 		t.Fatalf("Get after the old config was cleaned up: %v", err)
 	}
 	if rec.Response == nil || rec.Response.Status != http.StatusCreated || string(rec.Response.Body) != `{"order":42}` {
 		t.Errorf("record after reload = %+v", rec)
 	}
-	res, err = cur.store.Reserve(bg, key, fp, time.Minute)
+	res, err = cur.rawStore().Reserve(bg, key, fp, time.Minute)
 	if err != nil || res.Outcome != storage.Replay {
 		t.Errorf("Reserve after reload = %v, %v; want replay", res.Outcome, err)
 	}
-	res, err = cur.store.Reserve(bg, storage.Key{Scope: "scope", ID: "another"}, fp, time.Minute)
+	res, err = cur.rawStore().Reserve(bg, storage.Key{Scope: "scope", ID: "another"}, fp, time.Minute)
 	if err != nil || res.Outcome != storage.Acquired {
 		t.Errorf("Reserve of a new key after reload = %v, %v; want acquired", res.Outcome, err)
 	}
@@ -385,7 +385,7 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 	if err := tryProvision(t, nextCtx, next); err != nil {
 		t.Fatal(err)
 	}
-	if next.store != cur.store {
+	if next.rawStore() != cur.rawStore() {
 		t.Error("the second reload got a new store")
 	}
 
@@ -398,10 +398,10 @@ func TestProvisionStoreSurvivesReload(t *testing.T) {
 	if err := tryProvision(t, freshCtx, fresh); err != nil {
 		t.Fatal(err)
 	}
-	if fresh.store == cur.store {
+	if fresh.rawStore() == cur.rawStore() {
 		t.Error("the store outlived every config that used it")
 	}
-	if _, err := fresh.store.Get(bg, key, false); !errors.Is(err, storage.ErrNotFound) {
+	if _, err := fresh.rawStore().Get(bg, key, false); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("Get on the new store = %v, want ErrNotFound", err)
 	}
 }
@@ -420,7 +420,7 @@ func TestReloadKeepsTheStoreAndItsRecords(t *testing.T) {
 		serve(old, up, request("k", "{}"))
 
 		next := b.handler(t, &Handler{})
-		if next.store != old.store {
+		if next.rawStore() != old.rawStore() {
 			t.Fatal("the reloaded config got another store")
 		}
 		cancelOld() // the old config is cleaned up after the new one started
@@ -446,10 +446,10 @@ func TestProvisionFailureHoldsNoStore(t *testing.T) {
 	if err := tryProvision(t, ctx1, good); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := good.store.Reserve(bg, key, []byte("fp"), time.Hour); err != nil {
+	if _, err := good.rawStore().Reserve(bg, key, []byte("fp"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	first := good.store
+	first := good.rawStore()
 
 	// Same storage, invalid settings: refused before or after taking the
 	// store, it must not keep it.
@@ -469,10 +469,10 @@ func TestProvisionFailureHoldsNoStore(t *testing.T) {
 	if err := tryProvision(t, ctx2, again); err != nil {
 		t.Fatal(err)
 	}
-	if again.store == first {
+	if again.rawStore() == first {
 		t.Fatal("after every config using it was cleaned up, the store is still pooled: a failed Provision kept a reference")
 	}
-	if _, err := again.store.Get(bg, key, false); !errors.Is(err, storage.ErrNotFound) {
+	if _, err := again.rawStore().Get(bg, key, false); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("Get on the new store = %v, want ErrNotFound", err)
 	}
 }
@@ -521,7 +521,7 @@ func TestAConfigThatDoesNotCompileHoldsNoStore(t *testing.T) {
 	if err := bad.Provision(ctx); err == nil || !strings.Contains(err.Error(), "release_on") {
 		t.Fatalf("Provision: %v, want the release_on error", err)
 	}
-	if bad.backend != nil || bad.store != nil {
+	if bad.backend != nil || bad.rawStore() != nil {
 		t.Fatal("a config that does not compile holds a store")
 	}
 	good := handlerFromJSON(t, `{"storage":`+storage+`}`)
@@ -565,7 +565,19 @@ func TestProvisionLeavesTheConfigAsWritten(t *testing.T) {
 	if string(out) != config {
 		t.Errorf("after Provision the config is %s, want %s", out, config)
 	}
-	if time.Duration(h.ttl) != time.Hour || !slices.Equal(h.methods, []string{"POST"}) || time.Duration(h.lockTimeout) != defaultLockTimeout {
-		t.Errorf("policy ttl %v, methods %q, lock_timeout %v", time.Duration(h.ttl), h.methods, time.Duration(h.lockTimeout))
+	if time.Duration(h.policy.ttl) != time.Hour || !slices.Equal(h.policy.methods, []string{"POST"}) || time.Duration(h.policy.lockTimeout) != defaultLockTimeout {
+		t.Errorf("policy ttl %v, methods %q, lock_timeout %v", time.Duration(h.policy.ttl), h.policy.methods, time.Duration(h.policy.lockTimeout))
+	}
+}
+
+func TestFeatureOptionChecksInJSON(t *testing.T) {
+	for _, config := range []string{`{"mode":"strict"}`, `{"key_json":"id"}`, `{"fingerprint":{"canonical_json":false,"ignore":["/a"]}}`} {
+		var h Handler
+		if err := json.Unmarshal([]byte(config), &h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.compile(); err == nil {
+			t.Errorf("%s: no error", config)
+		}
 	}
 }

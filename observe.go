@@ -1,6 +1,20 @@
 package idempotency
 
-// observe carries out the answer of mode observe: every request reaches
+// observing is mode observe: the handler measures before enforcing.
+type observing struct{}
+
+var observeTraits = modeTraits{
+	name:    modeObserve,
+	keyHash: placeholderObservedKeyHash, outcomeField: "idempotency_observed", hashField: "idempotency_observed_key_hash",
+	span:        "idempotency.observed",
+	scopePrefix: observedScopePrefix,
+	counted:     countObserved,
+	transparent: true,
+}
+
+func (observing) traits() *modeTraits { return &observeTraits }
+
+// carryOut carries out the answer in mode observe: every request reaches
 // the next handler as if this handler were absent, and the outcome it
 // would have had in enforce mode is only recorded (settle counts it in
 // observed_total). The store is used as in enforce mode for the first
@@ -10,13 +24,18 @@ package idempotency
 // that could not be read, or was over max_body_size, was put back for the
 // next handler (readBody); one that was read whole is the next handler's
 // to read (keyedRequest.body).
-func (x *exchange) observe(a answer) error {
-	switch {
-	case a.act == actRun:
+func (observing) carryOut(x *exchange, a answer) error {
+	if a.action == actRun {
 		return x.execute(x.res.Token)
-	case a.outcome == outcomePassed:
-		return x.pass()
 	}
 	x.settle(a.outcome)
+	return x.next.ServeHTTP(x.w, x.r)
+}
+
+// pass hands a request that carries no key to the next handler, counting
+// it as passed in observed_total: an observing handler counts what it saw
+// on its own.
+func (observing) pass(x *exchange) error {
+	x.settle(outcomePassed)
 	return x.next.ServeHTTP(x.w, x.r)
 }

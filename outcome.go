@@ -1,12 +1,6 @@
 package idempotency
 
-import (
-	"net/http"
-
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-)
+import "net/http"
 
 // outcome is how the handler answered a request, as set in
 // {http.idempotency.outcome}, the access log and the requests counter.
@@ -85,62 +79,3 @@ const (
 	// answered for (any outcome but passed, or passed counted).
 	placeholderSettled = "http.idempotency.settled"
 )
-
-// settle records how the handler answered the request: in the
-// {http.idempotency.outcome} placeholder, the requests counter, the access
-// log and a debug log.
-func (x *exchange) settle(o outcome) {
-	h, r, repl := x.h, x.r, x.repl
-	repl.Set(placeholderOutcome, o.value())
-	if !h.observing {
-		repl.Set(placeholderSettled, true)
-	}
-	if h.observing {
-		countObserved(r, o)
-	} else {
-		countOutcome(r, o)
-	}
-	traceOutcome(r.Context(), o, repl, h.backendName, h.observing)
-	khName, outcomeField, hashField := placeholderKeyHash, "idempotency_outcome", "idempotency_key_hash"
-	if h.observing {
-		// The access log says what was only observed, apart from what an
-		// enforcing handler did with the same request.
-		khName, outcomeField, hashField = placeholderObservedKeyHash, "idempotency_observed", "idempotency_observed_key_hash"
-	}
-	kh, _ := repl.GetString(khName)
-	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
-		extra.Add(zap.String(outcomeField, string(o)))
-		if kh != "" {
-			extra.Add(zap.String(hashField, kh))
-		}
-	}
-	if c := h.logger.Check(zapcore.DebugLevel, "idempotency outcome"); c != nil {
-		if x.requestID != "" {
-			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh), zap.String("request_id", x.requestID))
-		} else {
-			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh))
-		}
-	}
-}
-
-// pass hands a request that carries no key to the next handler. An inner
-// idempotency handler may still take it (its own rules apply, `required`
-// included): the request counts as passed only if no enforcing handler
-// took it, and only once however many handlers passed it on. An observing
-// handler counts what it saw on its own (observed_total).
-func (x *exchange) pass() error {
-	h, w, r, next, repl := x.h, x.w, x.r, x.next, x.repl
-	if h.observing {
-		x.settle(outcomePassed)
-		return next.ServeHTTP(w, r)
-	}
-	if _, outer := repl.Get(placeholderPassing); outer {
-		return next.ServeHTTP(w, r) // an outer handler passed it on and counts it
-	}
-	repl.Set(placeholderPassing, true)
-	err := next.ServeHTTP(w, r)
-	if _, settled := repl.Get(placeholderSettled); !settled {
-		x.settle(outcomePassed)
-	}
-	return err
-}

@@ -31,7 +31,7 @@ func TestAProblemCarriesTheRequestIDOfItsLogLine(t *testing.T) {
 	h := isolated(t, &Handler{})
 	core, logs := observer.New(zapcore.DebugLevel)
 	h.logger = zap.New(core)
-	h.useStore(h.store)
+	h.useStore(h.rawStore())
 	withFlakyStore(h).down.Store(true)
 
 	w, repl := servePlaceholders(h, &upstream{}, request("traced", "{}"))

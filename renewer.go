@@ -55,16 +55,16 @@ var renewers = struct {
 	m  map[storage.Store]*renewer
 }{m: make(map[storage.Store]*renewer)}
 
-// renewerFor returns the renewer of k's store, made with k's latency
+// renewerFor returns the renewer of s's store, made with s's latency
 // observer and logger if the store has none yet.
-func renewerFor(k *keeper) *renewer {
+func renewerFor(s *observedStore, logger *zap.Logger) *renewer {
 	renewers.mu.Lock()
 	defer renewers.mu.Unlock()
-	r := renewers.m[k.store]
+	r := renewers.m[s.store]
 	if r == nil {
-		r = newRenewer(wallClock{}, k.store, k.latency["renew"], k.logger)
+		r = newRenewer(wallClock{}, s.store, s.latency["renew"], logger)
 		r.registered = true
-		renewers.m[k.store] = r
+		renewers.m[s.store] = r
 	}
 	return r
 }

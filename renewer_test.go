@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
@@ -441,13 +441,13 @@ func TestAStoreWithoutBatchesRenewsEachLease(t *testing.T) {
 func TestARenewerLeavesOnceIdle(t *testing.T) {
 	k, _ := testKeeper(t, "renewer-test")
 	key := storage.Key{Scope: "s", ID: "k"}
-	res, err := k.reserve(t.Context(), key, []byte("fp"))
+	res, err := k.claim(t.Context(), key, []byte("fp"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	l := k.holdLease(key, res.Token)
 	renewers.mu.Lock()
-	r := renewers.m[k.store]
+	r := renewers.m[k.store.store]
 	renewers.mu.Unlock()
 	if r == nil {
 		t.Fatal("no renewer for a store with a lease")
@@ -457,7 +457,7 @@ func TestARenewerLeavesOnceIdle(t *testing.T) {
 	// minute in testKeeper, too long to wait for; tick it now).
 	r.tick(r.cadenceOf(time.Minute))
 	renewers.mu.Lock()
-	_, still := renewers.m[k.store]
+	_, still := renewers.m[k.store.store]
 	renewers.mu.Unlock()
 	if still {
 		t.Fatal("the renewer of a store without leases is still registered")

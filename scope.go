@@ -77,17 +77,14 @@ func (t *scopeTemplate) evaluate(repl *caddy.Replacer) (scope string, ok bool) {
 
 // hash returns the hex SHA-256 of the request's scope (how scopes reach
 // the store), and false when the scope is blank. An observing handler's
-// scopes are kept apart from an enforcing one's (observed): in a shared
+// scopes are kept apart from an enforcing one's (prefix): in a shared
 // store, its records must never look like an enforcing handler's, which
 // would then answer 409 or replay a response it never recorded. The scope
 // is built on the stack when it is short, as it usually is: the only
 // allocation is the result.
-func (t *scopeTemplate) hash(repl *caddy.Replacer, observed bool) (string, bool) {
+func (t *scopeTemplate) hash(repl *caddy.Replacer, prefix string) (string, bool) {
 	var buf [256]byte
-	b := buf[:0]
-	if observed {
-		b = append(b, observedScopePrefix...)
-	}
+	b := append(buf[:0], prefix...)
 	b, ok := t.appendScope(b, repl)
 	return hashHexBytes(b), ok
 }

@@ -24,20 +24,16 @@ const tracerName = "github.com/caddy-idempotency/caddy-idempotency"
 
 // traceOutcome adds the outcome, key hash and backend to the request's
 // span.
-func traceOutcome(ctx context.Context, o outcome, repl *caddy.Replacer, backend string, observed bool) {
+func traceOutcome(ctx context.Context, o outcome, repl *caddy.Replacer, backend string, m *modeTraits) {
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {
 		return
 	}
-	name, khName := "idempotency.outcome", placeholderKeyHash
-	if observed {
-		name, khName = "idempotency.observed", placeholderObservedKeyHash
-	}
 	attrs := []attribute.KeyValue{
-		attribute.String(name, string(o)),
+		attribute.String(m.span, string(o)),
 		attribute.String("idempotency.backend", backend),
 	}
-	if kh, ok := repl.GetString(khName); ok && kh != "" {
+	if kh, ok := repl.GetString(m.keyHash); ok && kh != "" {
 		attrs = append(attrs, attribute.String("idempotency.key_hash", kh))
 	}
 	span.SetAttributes(attrs...)

@@ -14,11 +14,11 @@ import (
 // (RFC 7240), capped at wait_timeout, or wait_timeout with in_flight wait
 // when it asks nothing; asked says whether it asked.
 func (h *Handler) waitFor(r *http.Request) (wait time.Duration, asked bool) {
-	maxWait := time.Duration(h.waitTimeout)
+	maxWait := time.Duration(h.policy.waitTimeout)
 	if asked, ok := preferredWait(r.Header); ok {
 		return min(asked, maxWait), true
 	}
-	if h.inFlight == inFlightWait {
+	if h.policy.inFlight == inFlightWait {
 		return maxWait, false
 	}
 	return 0, false
@@ -30,11 +30,6 @@ func (h *Handler) waitFor(r *http.Request) (wait time.Duration, asked bool) {
 // waiter and key), and a burst of retries must not turn into a burst of
 // store load.
 var maxWaiters int32 = 1000 // a variable for the tests
-
-// maxWaitBetweenLooks bounds one Wait on a store that notifies: a waiter
-// looks at the record at least this often. Looking costs a store round
-// trip (a transaction on PostgreSQL), so it is not short.
-const maxWaitBetweenLooks = 5 * time.Second
 
 // enterWait takes a waiter's place, if one is free; leaveWait gives it
 // back.

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
 )
 
 // TestCountRemovedIsServedByItsCollector: what CountRemoved counts is

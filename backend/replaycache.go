@@ -8,7 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/cfargs"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 )
@@ -102,20 +102,4 @@ func ParseReplayCache(d *caddyfile.Dispenser) (*ReplayCache, error) {
 		rc.TTL = caddy.Duration(ttl)
 	}
 	return rc, nil
-}
-
-// CheckDuration reports a duration option outside [lo, hi] as "name must
-// be at least lo, got v"; zero is the default, and fine. A bare JSON
-// number is nanoseconds, so the floor catches a unit mix-up and the
-// ceiling an overflow.
-func CheckDuration(name string, v, lo, hi caddy.Duration) error {
-	switch {
-	case v == 0:
-		return nil
-	case v < lo:
-		return fmt.Errorf("%s must be at least %s, got %s", name, time.Duration(lo), time.Duration(v))
-	case v > hi:
-		return fmt.Errorf("%s must be at most %s, got %s", name, time.Duration(hi), time.Duration(v))
-	}
-	return nil
 }

@@ -33,7 +33,7 @@
 //
 // Redis and PostgreSQL are those of the tests (IDEMPOTENCY_REDIS_URL or
 // IDEMPOTENCY_REDIS_ADDR, IDEMPOTENCY_POSTGRES_DSN; `make bench` starts
-// private ones, see internal/cmd/testservers).
+// private ones, see internal/testkit/cmd/testservers).
 package main
 
 import (
@@ -45,7 +45,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 )
 
 type options struct {

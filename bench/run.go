@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
 )
 
 // benchCase is one kind of request against one site.

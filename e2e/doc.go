@@ -5,7 +5,7 @@
 // outages, config reloads, long requests, hostile input and scope
 // attacks.
 //
-// It holds tests only. TestMain builds Caddy once (internal/caddyproc);
+// It holds tests only. TestMain builds Caddy once (internal/testkit/caddyproc);
 // each test starts its own instances on loopback ports, with a key prefix
 // or table of its own on the shared servers, and never stops or restarts
 // a shared server: outages use a private redis-server (redistest) or a

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 )
 
 // Failure paths after the upstream has answered: the effect happened

@@ -5,8 +5,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 )
 
 // caddyBin is the Caddy binary built from this checkout for the run.

@@ -16,7 +16,7 @@ import (
 
 	"github.com/quic-go/quic-go/http3"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
 )
 
 // These helpers reach Caddy over each protocol a client may speak to it:

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 )
 
 // leakPW is the password of the misspelt connection strings below: it

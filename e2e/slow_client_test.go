@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
 )
 
 // A client is gone only after 10 s without taking a byte of its answer

@@ -6,7 +6,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 )
 
 func TestGlobalOptionErrors(t *testing.T) {

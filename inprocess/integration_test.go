@@ -22,8 +22,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	_ "github.com/caddy-idempotency/caddy-idempotency" // the idempotency module and directive
-	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 )
 
 // These tests run a real Caddy in this process, configured from a
@@ -164,7 +164,7 @@ func tryPost(url, key, body string, header ...string) (*http.Response, []byte, e
 
 // storages runs test once per store, as subtests named memory, redis and
 // postgres, each with the Caddyfile storage block of a namespace of its
-// own: the Caddyfile side of the backend matrix in backends_test.go. A
+// own: the Caddyfile side of the backend matrix in matrix_test.go. A
 // subtest whose server does not answer is skipped, or failed under
 // CI=true.
 func storages(t *testing.T, test func(t *testing.T, storage string)) {

@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/model"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/model"
 )
 
 // These tests run a real Caddy in this process in front of the model's
-// raw upstream (internal/model), which logs what it received and answers
+// raw upstream (internal/testkit/model), which logs what it received and answers
 // as each request's X-Model-Do says.
 
 // modelUpstream starts the model's upstream for the test.

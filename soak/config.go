@@ -5,8 +5,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/soak/history"
 )
 
 // variant is what a reload changes. A ttl changes the handlers only; a

@@ -32,8 +32,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/servers"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/servers"
 )
 
 // pgFailover are the flags of the PostgreSQL failover soak.

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/soak/history"
 )
 
 // The fill: made-up credentials (each a scope of its own, as a

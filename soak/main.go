@@ -6,7 +6,7 @@
 // reloads instances, restarts and kills the stores, and black-holes and
 // cuts the links; the upstream logs every execution. Then the faults stop,
 // a quiet period passes, and a sweep asks for every intent once more. The
-// checker (internal/soak/history) judges the whole history and the run
+// checker (internal/testkit/soak/history) judges the whole history and the run
 // ends with the line "N anomalies"; its exit status is 1 when N > 0.
 //
 // Besides the steady clients, a run has production's scale and timing:
@@ -45,8 +45,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/soak/history"
 )
 
 type options struct {

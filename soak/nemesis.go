@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/soak/history"
 )
 
 // nemesis applies a schedule of faults to a cluster and logs each one in

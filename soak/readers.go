@@ -10,8 +10,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/caddyproc"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/soak/history"
 )
 
 // Clients of every protocol Caddy serves that read as phones on a bad

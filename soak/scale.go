@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/soak/history"
 )
 
 // A scale wave is production's scale and timing at once: every instance

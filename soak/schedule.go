@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/soak/history"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/soak/history"
 )
 
 // planned is one fault of the schedule.

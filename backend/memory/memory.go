@@ -8,8 +8,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/cfargs"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	memstore "github.com/caddy-idempotency/caddy-idempotency/storage/memory"
 )
@@ -17,6 +16,9 @@ import (
 func init() {
 	caddy.RegisterModule(Storage{})
 }
+
+// name is the backend's name: storage memory.
+const name backend.Name = "memory"
 
 // Storage keeps idempotency records in this Caddy process. It is the
 // default: nothing to set up, but records are not shared with other
@@ -51,10 +53,7 @@ type Storage struct {
 
 // CaddyModule returns the Caddy module information.
 func (Storage) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.idempotency.storage.memory",
-		New: func() caddy.Module { return new(Storage) },
-	}
+	return name.ModuleInfo(func() caddy.Module { return new(Storage) })
 }
 
 // Provision takes the shared memory store for these settings.
@@ -66,9 +65,9 @@ func (m *Storage) Provision(ctx caddy.Context) error {
 	where := fmt.Sprintf("this process (max_keys %d, max_bytes %s, max_keys_per_scope %d)",
 		opts.MaxKeys, humanize.IBytes(uint64(opts.MaxBytes)), opts.MaxKeysPerScope)
 	// Both series exist, at zero, once a store is configured.
-	backend.CountRemoved("memory", backend.RemovedExpired, 0)
-	backend.CountRemoved("memory", backend.RemovedEvicted, 0)
-	return m.Acquire(ctx.Logger(), "memory", opts, where, func() (storage.Store, error) {
+	backend.CountRemoved(string(name), backend.RemovedExpired, 0)
+	backend.CountRemoved(string(name), backend.RemovedEvicted, 0)
+	return m.Acquire(ctx.Logger(), string(name), opts, where, func() (storage.Store, error) {
 		opts.OnRemove = countRemoved
 		return memstore.New(opts), nil
 	})
@@ -82,29 +81,23 @@ func countRemoved(expired bool, n int64) {
 	if expired {
 		reason = backend.RemovedExpired
 	}
-	backend.CountRemoved("memory", reason, n)
+	backend.CountRemoved(string(name), reason, n)
 }
 
 // Validate reports configuration errors: none once provisioned (Provision
 // compiles the configuration first), else the compile error.
-func (m *Storage) Validate() error {
-	if m.Store() != nil {
-		return nil
-	}
-	_, err := m.compile()
-	return err
-}
+func (m *Storage) Validate() error { return backend.Validate(m, m.compile) }
 
 // compile checks the configuration and returns the store's options,
 // defaults filled in. It is pure; an error names its option (opterr).
 func (m *Storage) compile() (memstore.Options, error) {
 	switch {
 	case m.MaxKeys < 0:
-		return memstore.Options{}, opterr.Errorf("max_keys", "memory storage: max_keys must be positive, got %d", m.MaxKeys)
+		return memstore.Options{}, name.Errorf("max_keys", "max_keys must be positive, got %d", m.MaxKeys)
 	case m.MaxKeysPerScope < 0:
-		return memstore.Options{}, opterr.Errorf("max_keys_per_scope", "memory storage: max_keys_per_scope must be positive, got %d", m.MaxKeysPerScope)
+		return memstore.Options{}, name.Errorf("max_keys_per_scope", "max_keys_per_scope must be positive, got %d", m.MaxKeysPerScope)
 	case m.MaxBytes != 0 && m.MaxBytes < minMemoryBytes:
-		return memstore.Options{}, opterr.Errorf("max_bytes", "memory storage: max_bytes must be at least %s, got %d", humanize.IBytes(minMemoryBytes), m.MaxBytes)
+		return memstore.Options{}, name.Errorf("max_bytes", "max_bytes must be at least %s, got %d", humanize.IBytes(minMemoryBytes), m.MaxBytes)
 	}
 	return memstore.Options{MaxKeys: m.MaxKeys, MaxBytes: m.MaxBytes, MaxKeysPerScope: m.MaxKeysPerScope}.WithDefaults(), nil
 }
@@ -126,7 +119,7 @@ func (m *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := cfargs.NoArgs(d); err != nil {
 		return err
 	}
-	return cfargs.EachOption(d, "memory storage ", nil, func(opt string) error {
+	return backend.UnmarshalBlock(d, name, nil, func(opt string) error {
 		switch opt {
 		case "max_keys":
 			return cfargs.IntArg(d, &m.MaxKeys)
@@ -135,8 +128,8 @@ func (m *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_bytes":
 			return cfargs.SizeArg(d, &m.MaxBytes)
 		}
-		return cfargs.Unknown(d, "memory storage", opt, options)
-	}, func() error { _, err := m.compile(); return err })
+		return name.Unknown(d, opt, options)
+	}, m.compile)
 }
 
 // options are the options of the storage memory block.

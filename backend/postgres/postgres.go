@@ -17,13 +17,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/cfargs"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
+
+// name is the backend's name: storage postgres.
+const name backend.Name = "postgres"
 
 func init() {
 	caddy.RegisterModule(Storage{})
@@ -126,10 +129,7 @@ type postgresConfig struct {
 
 // CaddyModule returns the Caddy module information.
 func (Storage) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.idempotency.storage.postgres",
-		New: func() caddy.Module { return new(Storage) },
-	}
+	return name.ModuleInfo(func() caddy.Module { return new(Storage) })
 }
 
 // Provision compiles the configuration, resolves the DSN's placeholders
@@ -154,8 +154,8 @@ func (p *Storage) Provision(ctx caddy.Context) error {
 	where := fmt.Sprintf("postgres://%s@%s/%s table %s (max_conns %d)", cc.User, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cc.Database, cfg.Table, poolCfg.MaxConns)
 	// A DSN pgx misread may put a password anywhere.
 	where = redact.Scrub(where, append(redact.Secrets(cfg.DSN), cc.Password))
-	backend.CountRemoved("postgres", backend.RemovedExpired, 0) // the series exists, at zero, once a store is configured
-	return p.Acquire(ctx.Logger(), "postgres", cfg, where, func() (storage.Store, error) {
+	backend.CountRemoved(string(name), backend.RemovedExpired, 0) // the series exists, at zero, once a store is configured
+	return p.Acquire(ctx.Logger(), string(name), cfg, where, func() (storage.Store, error) {
 		// No connection is made here: pgxpool connects on first use.
 		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 		if err != nil {
@@ -179,11 +179,7 @@ func (p *Storage) Provision(ctx caddy.Context) error {
 // Validate reports configuration errors: none once provisioned (Provision
 // compiles the configuration first), else the compile error.
 func (p *Storage) Validate() error {
-	if p.Store() != nil {
-		return nil
-	}
-	_, err := p.compile()
-	return err
+	return backend.Validate(p, p.compile)
 }
 
 // compile checks the configuration and returns it with defaults filled
@@ -230,7 +226,7 @@ func (p *Storage) compile() (postgresConfig, error) {
 func logCleanup(table string) func(int64, error) {
 	return func(deleted int64, err error) {
 		// A run that failed half-way deleted its first batches all the same.
-		backend.CountRemoved("postgres", backend.RemovedExpired, deleted)
+		backend.CountRemoved(string(name), backend.RemovedExpired, deleted)
 		log := caddy.Log().Named("http.idempotency.storage.postgres")
 		switch {
 		case errors.Is(err, pgstore.ErrCleanupLocked):
@@ -259,7 +255,7 @@ func (p *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := cfargs.NoArgs(d); err != nil {
 		return err
 	}
-	return cfargs.EachOption(d, "postgres storage ", nil, func(opt string) error {
+	return backend.UnmarshalBlock(d, name, nil, func(opt string) error {
 		var err error
 		switch opt {
 		case "dsn":
@@ -278,8 +274,8 @@ func (p *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.ReplayCache, err = backend.ParseReplayCache(d)
 			return err
 		}
-		return cfargs.Unknown(d, "postgres storage", opt, options)
-	}, func() error { _, err := p.compile(); return err })
+		return name.Unknown(d, opt, options)
+	}, p.compile)
 }
 
 // options are the options of the storage postgres block.

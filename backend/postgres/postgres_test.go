@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 

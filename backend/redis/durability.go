@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/cfargs"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )
 

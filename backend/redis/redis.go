@@ -17,12 +17,15 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/cfargs"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/cfargs"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )
+
+// name is the backend's name: storage redis.
+const name backend.Name = "redis"
 
 func init() {
 	caddy.RegisterModule(Storage{})
@@ -148,10 +151,7 @@ type Storage struct {
 
 // CaddyModule returns the Caddy module information.
 func (Storage) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.idempotency.storage.redis",
-		New: func() caddy.Module { return new(Storage) },
-	}
+	return name.ModuleInfo(func() caddy.Module { return new(Storage) })
 }
 
 // Provision compiles the configuration, resolves its placeholders and
@@ -166,12 +166,12 @@ func (r *Storage) Provision(ctx caddy.Context) error {
 	if cfg, err = cfg.resolve(); err != nil {
 		return err
 	}
-	id, err := backend.StoreID("redis", cfg)
+	id, err := backend.StoreID(string(name), cfg)
 	if err != nil {
 		return err
 	}
 	logger := ctx.Logger()
-	return r.Acquire(logger, "redis", cfg, cfg.where(), func() (storage.Store, error) {
+	return r.Acquire(logger, string(name), cfg, cfg.where(), func() (storage.Store, error) {
 		client, err := redisstore.NewClient(cfg.Client)
 		if err != nil {
 			return nil, err
@@ -197,11 +197,7 @@ func (r *Storage) Provision(ctx caddy.Context) error {
 // Validate reports configuration errors: none once provisioned (Provision
 // compiles the configuration first), else the compile error.
 func (r *Storage) Validate() error {
-	if r.Store() != nil {
-		return nil
-	}
-	_, err := r.compile()
-	return err
+	return backend.Validate(r, r.compile)
 }
 
 // redisConfig is what the store is built from and, hashed once its
@@ -347,7 +343,7 @@ func (r *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
-	return cfargs.EachOption(d, "redis storage ", given, func(opt string) error {
+	return backend.UnmarshalBlock(d, name, given, func(opt string) error {
 		var err error
 		switch opt {
 		case "url":
@@ -387,8 +383,8 @@ func (r *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			r.Durability, err = parseDurability(d)
 			return err
 		}
-		return cfargs.Unknown(d, "redis storage", opt, options)
-	}, func() error { _, err := r.compile(); return err })
+		return name.Unknown(d, opt, options)
+	}, r.compile)
 }
 
 // options are the options of the storage redis block.

@@ -15,9 +15,9 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/backendtest"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )

@@ -6,13 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/promtool"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/promtool"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 )
 
 // TestRulesPassPromtool checks the rules and runs their unit tests with
 // promtool: the one IDEMPOTENCY_PROMTOOL names (make test fetches it
-// first, saying how: internal/cmd/getpromtool), the one on PATH, or else
+// first, saying how: internal/testkit/cmd/getpromtool), the one on PATH, or else
 // Debian's, taken out of its prometheus package into the test's own
 // directory (downloaded, never installed: no server is set up, nothing of
 // the system's changes but, as root, its package lists).

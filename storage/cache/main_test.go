@@ -3,7 +3,7 @@ package cache_test
 import (
 	"testing"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 )
 
 // TestMain fails the package when a test looks up a name other than

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/pgtest"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/storagetest"
@@ -19,7 +19,7 @@ import (
 
 // The tests run against the server named by IDEMPOTENCY_POSTGRES_DSN
 // (default: loopback, database test), each on tables of its own; see
-// internal/pgtest.
+// internal/testkit/pgtest.
 
 // testPool returns a pool of at most maxConns connections on dsn. The
 // store that gets it closes it.

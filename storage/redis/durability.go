@@ -29,7 +29,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 )
 
 // DefaultDurabilityTimeout is how long WAIT blocks when
