@@ -125,17 +125,7 @@ func benchRequest(key string, body []byte, w http.ResponseWriter) *http.Request 
 
 func BenchmarkNewKey(b *testing.B) {
 	h := benchHandler(b)
-	body := benchJSON()
-	next := nopNext()
-	b.ReportAllocs()
-	defer cpuPerOp(b)()
-	b.SetBytes(int64(len(body)))
-	i := 0
-	for b.Loop() {
-		w := &discardWriter{h: http.Header{}}
-		i++
-		serveCreated(b, h, w, benchRequest("new-"+strconv.Itoa(i), body, w), next)
-	}
+	benchNewKeys(b, h)
 }
 
 // BenchmarkNewKeyNewBody is BenchmarkNewKey with a body of its own for
@@ -206,17 +196,7 @@ func BenchmarkPostgresNewKey(b *testing.B) {
 	dsn := pgtest.Require(b)
 	table := pgtest.Table(b, dsn)
 	h := storeBenchHandler(b, map[string]any{"backend": "postgres", "dsn": dsn, "table": table, "max_conns": 8})
-	body := benchJSON()
-	next := nopNext()
-	b.ReportAllocs()
-	defer cpuPerOp(b)()
-	b.SetBytes(int64(len(body)))
-	i := 0
-	for b.Loop() {
-		w := &discardWriter{h: http.Header{}}
-		i++
-		serveCreated(b, h, w, benchRequest("new-"+strconv.Itoa(i), body, w), next)
-	}
+	benchNewKeys(b, h)
 }
 
 // BenchmarkRequestSetup is the cost of building a request in the
@@ -228,5 +208,20 @@ func BenchmarkRequestSetup(b *testing.B) {
 	for b.Loop() {
 		w := &discardWriter{h: http.Header{}}
 		_ = benchRequest("replayed", body, w)
+	}
+}
+
+// benchNewKeys serves h a new key per iteration, the same body each time.
+func benchNewKeys(b *testing.B, h *Handler) {
+	body := benchJSON()
+	next := nopNext()
+	b.ReportAllocs()
+	defer cpuPerOp(b)()
+	b.SetBytes(int64(len(body)))
+	i := 0
+	for b.Loop() {
+		w := &discardWriter{h: http.Header{}}
+		i++
+		serveCreated(b, h, w, benchRequest("new-"+strconv.Itoa(i), body, w), next)
 	}
 }

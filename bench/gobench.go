@@ -50,15 +50,12 @@ func goBenchRuns(o options) (string, error) {
 	}
 	args := []string{"test", "-run", "^$", "-bench", "^(" + strings.Join(names, "|") + ")$", "-benchmem",
 		"-count", strconv.Itoa(o.goCount), "-benchtime", o.goBenchtime, "."}
-	fmt.Fprintf(os.Stderr, "go %s\n", strings.Join(args, " "))
-	cmd := exec.Command("go", args...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
+	out, err := goTest(args)
 	if err != nil {
-		return "", fmt.Errorf("go test -bench: %v\n%s", err, out)
+		return "", err
 	}
 	runs := map[string][]goBench{}
-	for line := range strings.SplitSeq(string(out), "\n") {
+	for line := range strings.SplitSeq(out, "\n") {
 		m := benchLine.FindStringSubmatch(line)
 		if m == nil {
 			continue
@@ -123,4 +120,17 @@ func metOrMissed(ok bool) string {
 		return "met"
 	}
 	return "MISSED"
+}
+
+// goTest runs the go command with args (a go test -bench), saying so, and
+// returns its output.
+func goTest(args []string) (string, error) {
+	fmt.Fprintf(os.Stderr, "go %s\n", strings.Join(args, " "))
+	cmd := exec.Command("go", args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
 }

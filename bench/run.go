@@ -57,6 +57,11 @@ func run(o options) error {
 		if err != nil {
 			return err
 		}
+		dur, err := durabilityRuns(o)
+		if err != nil {
+			return err
+		}
+		table += dur
 		fmt.Print(table)
 		if o.write != "" {
 			if err := writeResults(o.write, "bench-go", "Measured %s by `make bench`.\n\n", table, o, versions); err != nil {

@@ -24,7 +24,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -107,20 +106,12 @@ func runFailover(o options) int {
 		logf("-failover: %q: this soak has postgres", failoverTargets)
 		return exitFailed
 	}
-	dir := ""
-	if os.Getenv(caddyproc.EnvBinary) == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "caddy-soak-build-"); err != nil {
-			logf("%v", err)
-			return exitFailed
-		}
-		defer os.RemoveAll(dir)
-	}
-	bin, err := caddyproc.Build(dir)
+	bin, cleanup, err := caddyBinary()
 	if err != nil {
-		logf("building caddy: %v", err)
+		logf("%v", err)
 		return exitFailed
 	}
+	defer cleanup()
 	var modes []pgMode
 	for _, m := range strings.Split(pgFailover.modes, ",") {
 		mode, ok := pgModes[strings.TrimSpace(m)]

@@ -158,21 +158,12 @@ func run(o options) int {
 	interrupted, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	// make soak names the xcaddy-built binary; otherwise go build makes one.
-	dir := ""
-	if os.Getenv(caddyproc.EnvBinary) == "" {
-		var err error
-		if dir, err = os.MkdirTemp("", "caddy-soak-build-"); err != nil {
-			logf("%v", err)
-			return exitFailed
-		}
-		defer os.RemoveAll(dir)
-	}
-	bin, err := caddyproc.Build(dir)
+	bin, cleanup, err := caddyBinary()
 	if err != nil {
-		logf("building caddy: %v", err)
+		logf("%v", err)
 		return exitFailed
 	}
+	defer cleanup()
 
 	params := history.Params{Seed: o.seed, LockTimeout: o.lockTimeout, Tolerance: o.tolerance,
 		StoreTimeout: o.storeTimeout, RedisReconnect: time.Second,
@@ -359,4 +350,22 @@ func lastLines(s string, n int) string {
 		}
 	}
 	return s
+}
+
+// caddyBinary is the caddy the soak runs: the xcaddy-built one make soak
+// names, or else one go build makes into a directory that cleanup
+// removes.
+func caddyBinary() (bin string, cleanup func(), err error) {
+	dir, cleanup := "", func() {}
+	if os.Getenv(caddyproc.EnvBinary) == "" {
+		if dir, err = os.MkdirTemp("", "caddy-soak-build-"); err != nil {
+			return "", cleanup, err
+		}
+		cleanup = func() { os.RemoveAll(dir) }
+	}
+	if bin, err = caddyproc.Build(dir); err != nil {
+		cleanup()
+		return "", func() {}, fmt.Errorf("building caddy: %w", err)
+	}
+	return bin, cleanup, nil
 }
