@@ -354,7 +354,7 @@ func adminScopeHash(template string, values []string) (string, error) {
 		}
 		repl.Set(k, values[i])
 	}
-	hash, ok := t.hash(repl, "")
+	hash, ok := t.hash(repl, nil, "")
 	if !ok {
 		return "", errors.New("this scope is blank: the handler refuses such requests (400), so no record has it")
 	}

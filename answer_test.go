@@ -139,7 +139,7 @@ func actOn(t *testing.T, h *Handler, a answer) (code int, outcome string, nextRa
 	w := httptest.NewRecorder()
 	repl := caddy.NewReplacer()
 	r := caddyhttp.PrepareRequest(request("answer-"+hashHex(t.Name() + h.Mode)[:16], `{}`), repl, w, nil)
-	k, ref := h.keyRequest(r, repl)
+	k, ref := h.keyRequest(new(keyedRequest), r, repl)
 	if ref != nil {
 		t.Fatalf("keying the test request: %+v", ref)
 	}

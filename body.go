@@ -23,14 +23,19 @@ var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // readBody reads the whole request body, up to limit bytes, before the key
 // is reserved: a slow client then cannot hold a lease while it trickles its
-// body in. The body is replaced by the buffered copy for the next handler.
-func readBody(r *http.Request, limit int64) (*bufferedBody, error) {
+// body in. The body is replaced by the buffered copy for the next handler,
+// made in into (part of the request's exchange) when it is given.
+func readBody(r *http.Request, limit int64, into *bufferedBody) (*bufferedBody, error) {
 	if r.ContentLength > limit {
 		return nil, errBodyTooLarge
 	}
 	buf := bodyPool.Get().(*bytes.Buffer)
 	buf.Reset()
-	body := &bufferedBody{buf: buf}
+	body := into
+	if body == nil {
+		body = new(bufferedBody)
+	}
+	body.buf = buf
 	if r.Body != nil && r.Body != http.NoBody {
 		// Grow as bytes arrive rather than to Content-Length at once: a
 		// client that announces a megabyte and sends nothing must not pin

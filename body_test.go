@@ -103,7 +103,7 @@ func TestUpstreamIsAskedForIdentityEncoding(t *testing.T) {
 
 func TestBufferedBodyCloseIsSafeAndFinal(t *testing.T) {
 	r := request("k", "hello")
-	b, err := readBody(r, 10)
+	b, err := readBody(r, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,18 +50,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 
-	x := exchange{h: h, w: w, r: r, next: next, repl: repl}
-	k, ref := h.keyRequest(r, repl)
+	x := &exchange{h: h, w: w, r: r, next: next, repl: repl}
+	k, ref := h.keyRequest(&x.keyed, r, repl)
 	if k != nil {
 		defer k.done() // after the next handler: it may read the body
 	}
 	x.k = k
 	if ref != nil {
-		return h.policy.mode.carryOut(&x, h.policy.refusalAnswer(ref))
+		return h.policy.mode.carryOut(x, h.policy.refusalAnswer(ref))
 	}
-	res, err := h.keeper.claim(r.Context(), k.key, k.fp)
+	res, err := h.keeper.claim(x.detached(), k.key, k.fp)
 	if err != nil {
-		return h.policy.mode.carryOut(&x, h.policy.storeErrorAnswer(err))
+		return h.policy.mode.carryOut(x, h.policy.storeErrorAnswer(err))
 	}
 	replayed := outcomeReplayed
 	if res.Outcome == storage.Conflict && h.policy.mode.traits().waits {
@@ -73,12 +73,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			res, err = h.keeper.await(r.Context(), k.key, k.fp, res, wait)
 			h.leaveWait()
 			if err != nil {
-				return h.policy.mode.carryOut(&x, h.policy.storeErrorAnswer(err))
+				return h.policy.mode.carryOut(x, h.policy.storeErrorAnswer(err))
 			}
 		}
 	}
 	x.res = res
-	return h.policy.mode.carryOut(&x, reservationAnswer(res.Outcome, replayed))
+	return h.policy.mode.carryOut(x, reservationAnswer(res.Outcome, replayed))
 }
 
 // exchange is one request on its way through the handler.
@@ -92,6 +92,40 @@ type exchange struct {
 	res  storage.Reservation // what the store said of the key
 
 	requestID string // Caddy's id of a rejected request ("" otherwise)
+
+	// What k points to, the detached context of the store's calls, and
+	// the access log's fields: parts of the exchange rather than
+	// allocations of their own.
+	keyed    keyedRequest
+	detach   detachedContext
+	logged   settledFields
+	loggedTo bool
+}
+
+// detached is the request's context without its cancellation, for the
+// store's calls: they outlive a client that hangs up (see keeper.claim).
+func (x *exchange) detached() context.Context {
+	if x.detach.parent == nil {
+		x.detach.parent = x.r.Context()
+	}
+	return &x.detach
+}
+
+// settledFields are the access log's fields of how the handler answered
+// a request, as one field (caddyhttp.ExtraLogFields.Add costs an
+// allocation or two per call).
+type settledFields struct {
+	traits  *modeTraits
+	outcome outcome
+	keyHash string
+}
+
+func (f *settledFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	enc.AddString(f.traits.outcomeField, string(f.outcome))
+	if f.keyHash != "" {
+		enc.AddString(f.traits.hashField, f.keyHash)
+	}
+	return nil
 }
 
 // settle records how the handler answered the request: in the
@@ -108,10 +142,13 @@ func (x *exchange) settle(o outcome) {
 	traceOutcome(r.Context(), o, repl, h.backendName, m)
 	kh, _ := repl.GetString(m.keyHash)
 	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
-		extra.Add(zap.String(m.outcomeField, string(o)))
-		if kh != "" {
-			extra.Add(zap.String(m.hashField, kh))
+		f := &x.logged
+		if x.loggedTo {
+			f = new(settledFields) // the first one is the log's already
 		}
+		x.loggedTo = true
+		*f = settledFields{traits: m, outcome: o, keyHash: kh}
+		extra.Add(zap.Inline(f))
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "idempotency outcome"); c != nil {
 		if x.requestID != "" {
@@ -124,10 +161,10 @@ func (x *exchange) settle(o outcome) {
 
 // keyHash is the key hash of the request's key, "" before it has one.
 func (x *exchange) keyHash() string {
-	if x.k == nil || x.k.key.ID == "" {
+	if x.k == nil {
 		return ""
 	}
-	return x.k.key.Hash()
+	return x.k.hash
 }
 
 // execute runs the next handler for the request that owns its key,
@@ -155,7 +192,7 @@ func (x *exchange) execute(token storage.Token) error {
 		// response is what every retry must get. Stored bodies are never
 		// content-encoded, so that each replay can be encoded for the
 		// client that asks for it. (Observe mode changes nothing.)
-		r = r.WithContext(context.WithoutCancel(r.Context()))
+		r = r.WithContext(detach(r.Context()))
 		r.Header.Set("Accept-Encoding", "identity")
 	}
 
@@ -241,10 +278,7 @@ func (x *exchange) replay(rec *storage.Record, how outcome) error {
 	traceReplay(r.Context(), rec)
 	resp := rec.Response
 	hdr := w.Header()
-	trailers := replayHeader(hdr, resp.Header)
-	if h.policy.replayHeader != "" {
-		hdr.Set(h.policy.replayHeader, "true")
-	}
+	trailers := replayHeader(hdr, resp.Header, h.policy.replayHeader)
 	if resp.BodyOmitted {
 		hdr.Del("Content-Length")
 		hdr.Set(bodyOmittedHeader, "true")

@@ -81,8 +81,9 @@ func headerChanges(h, outer http.Header) http.Header {
 // current answer, and returns the names of the recorded trailers. Each
 // replay gets values of its own: an outer handler that rewrites a value
 // in place (a `header` replace) must never reach a record that other
-// replays share.
-func replayHeader(hdr, recorded http.Header) (trailers []string) {
+// replays share. A non-empty marker header is set to "true" with them (the
+// replay header: its value shares their allocation).
+func replayHeader(hdr, recorded http.Header, marker string) (trailers []string) {
 	appended, deleted := recorded[appendedName], recorded[deletedName]
 	// One backing array for the copies: a replay costs one allocation for
 	// its header values, however many there are.
@@ -90,7 +91,8 @@ func replayHeader(hdr, recorded http.Header) (trailers []string) {
 	for _, values := range recorded {
 		n += len(values)
 	}
-	own := make([]string, 0, n)
+	own := make([]string, 1, n+1)
+	own[0] = "true"
 	for name, values := range recorded {
 		switch {
 		case name == appendedName || name == deletedName:
@@ -106,6 +108,9 @@ func replayHeader(hdr, recorded http.Header) (trailers []string) {
 	}
 	for _, name := range deleted {
 		delete(hdr, name)
+	}
+	if marker != "" {
+		hdr[marker] = own[0:1:1]
 	}
 	slices.Sort(trailers)
 	return trailers

@@ -38,7 +38,7 @@ func newKeeper(store *observedStore, lockTimeout, ttl time.Duration, logger *zap
 // 503 and invited to retry. Store calls outlive the client: a reservation
 // made for a client that hung up mid-call must still be answered for.
 func (k *keeper) claim(ctx context.Context, key storage.Key, fp []byte) (storage.Reservation, error) {
-	ctx = context.WithoutCancel(ctx)
+	ctx = detach(ctx)
 	res, err := k.store.Reserve(ctx, key, fp, k.lockTimeout)
 	if err == nil && res.Outcome == storage.Conflict && k.aftercare.reclaim(key) {
 		res, err = k.store.Reserve(ctx, key, fp, k.lockTimeout)
@@ -95,7 +95,7 @@ func (k *keeper) holdLease(key storage.Key, token storage.Token) *lease {
 func (k *keeper) complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response) {
 	l := leaseFrom(ctx)
 	l.settle()
-	err := k.store.Complete(context.WithoutCancel(ctx), key, token, resp, k.ttl)
+	err := k.store.Complete(detach(ctx), key, token, resp, k.ttl)
 	switch {
 	case err == nil:
 	case errors.Is(err, storage.ErrLeaseLost):
@@ -120,7 +120,7 @@ func (k *keeper) complete(ctx context.Context, key storage.Key, token storage.To
 func (k *keeper) release(ctx context.Context, key storage.Key, token storage.Token, why string) {
 	l := leaseFrom(ctx)
 	l.settle()
-	err := k.store.Release(context.WithoutCancel(ctx), key, token)
+	err := k.store.Release(detach(ctx), key, token)
 	switch {
 	case err == nil:
 		if c := k.logger.Check(zapcore.DebugLevel, "idempotency key released"); c != nil {

@@ -18,6 +18,7 @@ import (
 // known: everything the store is asked with. Done releases what it holds.
 type keyedRequest struct {
 	key    storage.Key
+	hash   string // key.Hash(), once there is a key
 	path   string // the escaped path, as fingerprinted
 	fp     []byte
 	sum    [fingerprint.Size]byte // fp's storage
@@ -29,6 +30,8 @@ type keyedRequest struct {
 	// buffer is pooled.
 	canonical []byte
 	canonBuf  *[]byte
+
+	bodyStore bufferedBody // what body points to
 }
 
 func (k *keyedRequest) done() {
@@ -83,7 +86,9 @@ var refusedNoKey = &refusal{why: noKey}
 // Once the body has been read, k is returned whatever the refusal, and
 // its done must be called when the request is over: a request that goes
 // on (no key found in the body, observe mode) reads its body from k.
-func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedRequest, ref *refusal) {
+// The keyed request is made in into (the exchange's own, one allocation
+// for both).
+func (h *Handler) keyRequest(into *keyedRequest, r *http.Request, repl *caddy.Replacer) (k *keyedRequest, ref *refusal) {
 	values := r.Header[h.policy.headerKey]
 	if len(values) == 0 && h.policy.keyJSON == nil {
 		return nil, refusedNoKey
@@ -95,7 +100,7 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 			return nil, &refusal{why: keyMalformed, err: err}
 		}
 	}
-	scope, ok := h.policy.scope.hash(repl, h.policy.mode.traits().scopePrefix)
+	scope, ok := h.policy.scope.hash(repl, r, h.policy.mode.traits().scopePrefix)
 	if !ok {
 		return nil, &refusal{why: noScope}
 	}
@@ -106,7 +111,7 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 	if !ok {
 		return nil, &refusal{why: storeClosed}
 	}
-	body, err := readBody(r, h.policy.maxBodySize)
+	body, err := readBody(r, h.policy.maxBodySize, &into.bodyStore)
 	if err != nil {
 		unhold()
 		if errors.Is(err, errBodyTooLarge) {
@@ -114,14 +119,16 @@ func (h *Handler) keyRequest(r *http.Request, repl *caddy.Replacer) (k *keyedReq
 		}
 		return nil, &refusal{why: bodyUnreadable, err: err}
 	}
-	k = &keyedRequest{body: body, unhold: unhold}
+	k = into
+	k.body, k.unhold = body, unhold
 	if id == "" {
 		if id, ref = h.keyFromBody(body.Bytes()); ref != nil {
 			return k, ref
 		}
 	}
 	k.key = storage.Key{Scope: scope, ID: id}
-	repl.Set(h.policy.mode.traits().keyHash, k.key.Hash())
+	k.hash = k.key.Hash()
+	repl.Set(h.policy.mode.traits().keyHash, k.hash)
 
 	k.path = r.URL.EscapedPath()
 	k.canonBuf = canonPool.Get().(*[]byte)

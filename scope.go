@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"net/http"
 	"strconv"
 	"strings"
 
@@ -30,7 +31,8 @@ import (
 type scopeTemplate struct {
 	texts          []string // texts[0] starts the scope; texts[i+1] follows placeholder i
 	keys           []string // the placeholders, in order
-	escapes        []byte   // per placeholder but the last: the character to escape
+	direct         []directValue
+	escapes        []byte // per placeholder but the last: the character to escape
 	lengthPrefixed bool
 	blankText      bool // the template's own text is blank
 }
@@ -55,6 +57,10 @@ func newScopeTemplate(template string) (*scopeTemplate, error) {
 		return nil, err
 	}
 	t.texts = strings.Split(marked, placeholderMark)
+	t.direct = make([]directValue, len(t.keys))
+	for i, key := range t.keys {
+		t.direct[i] = directValueOf(key)
+	}
 	t.blankText = strings.TrimSpace(strings.Join(t.texts, "")) == ""
 	// texts[i] follows placeholder i-1; the last text ends the string.
 	for i := 1; i < len(t.texts)-1; i++ {
@@ -71,7 +77,7 @@ func newScopeTemplate(template string) (*scopeTemplate, error) {
 // evaluate returns the request's scope, and false when it is blank (no
 // client identity at all).
 func (t *scopeTemplate) evaluate(repl *caddy.Replacer) (scope string, ok bool) {
-	b, ok := t.appendScope(nil, repl)
+	b, ok := t.appendScope(nil, repl, nil)
 	return string(b), ok
 }
 
@@ -82,10 +88,10 @@ func (t *scopeTemplate) evaluate(repl *caddy.Replacer) (scope string, ok bool) {
 // would then answer 409 or replay a response it never recorded. The scope
 // is built on the stack when it is short, as it usually is: the only
 // allocation is the result.
-func (t *scopeTemplate) hash(repl *caddy.Replacer, prefix string) (string, bool) {
+func (t *scopeTemplate) hash(repl *caddy.Replacer, r *http.Request, prefix string) (string, bool) {
 	var buf [256]byte
 	b := append(buf[:0], prefix...)
-	b, ok := t.appendScope(b, repl)
+	b, ok := t.appendScope(b, repl, r)
 	return hashHexBytes(b), ok
 }
 
@@ -94,13 +100,18 @@ func (t *scopeTemplate) hash(repl *caddy.Replacer, prefix string) (string, bool)
 // enforcing scope starts with it.
 const observedScopePrefix = "\x00observe\x00"
 
-// appendScope appends the request's scope to b.
-func (t *scopeTemplate) appendScope(b []byte, repl *caddy.Replacer) ([]byte, bool) {
+// appendScope appends the request's scope to b. Placeholders of the
+// request's host and headers are read from r when it is given (scope_test
+// holds them to the replacer's values).
+func (t *scopeTemplate) appendScope(b []byte, repl *caddy.Replacer, r *http.Request) ([]byte, bool) {
 	b = append(b, t.texts[0]...)
 	blank := t.blankText
 	for i, key := range t.keys {
-		v, _ := repl.Get(key)
-		s := caddy.ToString(v)
+		s, ok := t.direct[i].read(r)
+		if !ok {
+			v, _ := repl.Get(key)
+			s = caddy.ToString(v)
+		}
 		if blank && strings.TrimSpace(s) != "" {
 			blank = false
 		}

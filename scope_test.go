@@ -100,3 +100,35 @@ func TestBlankScope(t *testing.T) {
 		t.Error("a length-prefixed scope with a value is blank")
 	}
 }
+
+// The scope reads the request's host and headers directly (scope_direct.go):
+// the same values as Caddy's replacer gives.
+func TestDirectScopeValuesAreTheReplacers(t *testing.T) {
+	hosts := []string{"api.example.com", "api.example.com:8443", "[::1]:443", "[::1]", "::1", "127.0.0.1", "127.0.0.1:80", "", "a:b:c", "example.com:", "[fe80::1%25eth0]:443"}
+	headers := [][]string{nil, {""}, {"Bearer a"}, {"a", "b"}, {" x ", "", "y,z"}}
+	templates := []string{defaultScope, "{http.request.header.x-tenant} {http.request.host}", "{http.request.header.X-TENANT}{http.request.header.authorization}"}
+	for _, template := range templates {
+		st, err := newScopeTemplate(template)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, host := range hosts {
+			for _, values := range headers {
+				r := httptest.NewRequest("POST", "http://placeholder/orders", nil)
+				r.Host = host
+				for _, name := range []string{"Authorization", "X-Tenant"} {
+					for _, v := range values {
+						r.Header.Add(name, v)
+					}
+				}
+				repl := caddy.NewReplacer()
+				r = caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), nil)
+				viaReplacer, okR := st.appendScope(nil, repl, nil)
+				direct, okD := st.appendScope(nil, repl, r)
+				if string(direct) != string(viaReplacer) || okD != okR {
+					t.Errorf("template %q, host %q, values %q: direct %q (%v), replacer %q (%v)", template, host, values, direct, okD, viaReplacer, okR)
+				}
+			}
+		}
+	}
+}

@@ -62,13 +62,23 @@ func uvarintLen(x uint64) int {
 // ValidStatus refuses is an error wrapping ErrCorrupt: such a record
 // could not be replayed, so it must never be read as one.
 func DecodeResponse(b []byte) (*Response, error) {
+	r := new(Response)
+	if err := DecodeResponseTo(r, b); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// DecodeResponseTo is DecodeResponse into r, for a store that allocates r
+// with the record that holds it.
+func DecodeResponseTo(r *Response, b []byte) error {
 	if len(b) < 2 {
-		return nil, fmt.Errorf("%w: %d bytes", ErrCorrupt, len(b))
+		return fmt.Errorf("%w: %d bytes", ErrCorrupt, len(b))
 	}
 	if b[0] != codecVersion {
-		return nil, fmt.Errorf("%w: unknown version %d", ErrCorrupt, b[0])
+		return fmt.Errorf("%w: unknown version %d", ErrCorrupt, b[0])
 	}
-	r := &Response{BodyOmitted: b[1]&flagBodyOmitted != 0}
+	*r = Response{BodyOmitted: b[1]&flagBodyOmitted != 0}
 	d := decoder{b: b[2:]}
 	status := d.uvarint()
 	if d.err == nil && !ValidStatus(int(min(status, 1000))) {
@@ -77,12 +87,12 @@ func DecodeResponse(b []byte) (*Response, error) {
 	r.Status = int(status)
 	r.Header = d.header()
 	if d.err != nil {
-		return nil, d.err
+		return d.err
 	}
 	if len(d.b) > 0 {
 		r.Body = d.b
 	}
-	return r, nil
+	return nil
 }
 
 // AppendHeader appends the encoding of h to dst, names in sorted order so

@@ -131,19 +131,26 @@ func (s *Store) reservation(e *entry, fp []byte) storage.Reservation {
 // wrapping storage.ErrCorrupt, never a panic, so that one bad record
 // costs its own requests and nothing else.
 func (s *Store) completed(e *entry, withBody bool) (*storage.Record, error) {
-	resp, err := storage.DecodeResponse(e.resp)
-	if err != nil {
+	c := new(completedRecord)
+	if err := storage.DecodeResponseTo(&c.resp, e.resp); err != nil {
 		return nil, err
 	}
 	if !withBody {
-		resp.Body = nil
+		c.resp.Body = nil
 	}
-	return &storage.Record{
+	c.rec = storage.Record{
 		Fingerprint: e.fp,
 		State:       storage.Completed,
-		Response:    resp,
+		Response:    &c.resp,
 		CreatedAt:   s.at(e.created),
 		ExpiresAt:   s.at(e.expires),
 		Detail:      e.detail,
-	}, nil
+	}
+	return &c.rec, nil
+}
+
+// completedRecord is a record and its response in one allocation.
+type completedRecord struct {
+	rec  storage.Record
+	resp storage.Response
 }

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -29,6 +30,10 @@ type pipeliner struct {
 	// so none is left behind unanswered.
 	closing sync.RWMutex
 	closed  bool
+
+	// busy counts the calls queued or on their way; a call that finds
+	// none goes out from its caller's goroutine.
+	busy atomic.Int32
 }
 
 // call is one queued operation.
@@ -70,8 +75,24 @@ func newPipeliner(client goredis.UniversalClient, wait Durability) *pipeliner {
 // A durable call is followed by WAIT when the store asks for replicas;
 // acked is how many acknowledged, -1 when no WAIT was sent.
 func (p *pipeliner) do(ctx context.Context, script *goredis.Script, keys []string, args []any, durable bool) (v any, acked int, err error) {
+	durable = durable && p.wait.Replicas > 0
+	if !durable && p.busy.CompareAndSwap(0, 1) {
+		// Nothing to share a pipeline with: send it from here, without
+		// the hand-off to a worker and back (two goroutine wake-ups),
+		// as a worker would send a batch of one.
+		defer p.busy.Add(-1)
+		p.closing.RLock() // close waits for it, as for a queued call
+		defer p.closing.RUnlock()
+		if p.closed {
+			return nil, -1, errStoreClosed
+		}
+		v, err = script.Run(ctx, p.client, keys, args...).Result()
+		return v, -1, err
+	}
+	p.busy.Add(1)
+	defer p.busy.Add(-1)
 	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{}), acked: -1,
-		durable: durable && p.wait.Replicas > 0}
+		durable: durable}
 	p.closing.RLock()
 	if p.closed {
 		p.closing.RUnlock()
