@@ -45,8 +45,8 @@ var All = []Mutant{
 		Name: "ttl-ignored", Audit: true,
 		Breaks: "records kept for a day whatever ttl says: a retry after ttl is replayed instead of running",
 		File:   "keeper.go",
-		Old:    "err := k.store.Complete(context.WithoutCancel(ctx), key, token, resp, k.ttl)",
-		New:    "err := k.store.Complete(context.WithoutCancel(ctx), key, token, resp, 24*time.Hour)",
+		Old:    "err := k.store.Complete(detach(ctx), key, token, resp, k.ttl)",
+		New:    "err := k.store.Complete(detach(ctx), key, token, resp, 24*time.Hour)",
 	},
 	{
 		Name: "aftercare-drops", Audit: true,
