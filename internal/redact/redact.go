@@ -27,7 +27,8 @@ var keyword = regexp.MustCompile(`(?i)(?:^|[\s?&;,])[a-z_]*(?:pas|pw|wor|wd)[a-z
 var scheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.\-]*(?::/{0,3}|/{1,3})`)
 
 // Secrets returns the passwords that dsn holds, however it is written: the
-// password of a URL's userinfo (user:password@host, whatever precedes it),
+// password of a URL's userinfo (user:password@host, whatever precedes it,
+// and its parts between the '/', '?' and '#' that a parser cuts it at),
 // and the value of every password keyword or query parameter, each as
 // written and decoded (unquoted, unescaped). Nothing in dsn needs to parse.
 func Secrets(dsn string) []string {
@@ -47,6 +48,14 @@ func Secrets(dsn string) []string {
 			add(pw)
 			if dec, err := url.PathUnescape(pw); err == nil {
 				add(dec)
+			}
+			// A '/', '?' or '#' not percent-encoded (a base64
+			// password's '/') ends the authority where a URL parser
+			// reads it, which then quotes a part as the port or path.
+			if strings.ContainsAny(pw, "/?#") {
+				for _, part := range strings.FieldsFunc(pw, func(c rune) bool { return c == '/' || c == '?' || c == '#' }) {
+					add(part)
+				}
 			}
 		}
 	}
