@@ -189,3 +189,26 @@ func TestRepositoryConfigsAreWellPlaced(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacementQuotesNoMatcherValue: a route matched by a header, a query
+// or an expression may be matched by a credential (an API key); the
+// warning names the matcher and its fields, never their values.
+func TestPlacementQuotesNoMatcherValue(t *testing.T) {
+	const secret = "s3cretKey123"
+	for _, matcher := range []string{
+		"header X-Api-Key " + secret,
+		"header_regexp X-Api-Key ^" + secret + "$",
+		"query token=" + secret,
+		"expression `{http.request.header.X-Api-Key} == '" + secret + "'`",
+		"not header X-Api-Key " + secret,
+	} {
+		cf := "http://127.0.0.1:8080 {\n@internal " + matcher + "\nroute @internal {\nreverse_proxy 127.0.0.1:9\nidempotency\n}\n}\n"
+		found := misplacedIn(adaptedServers(t, cf))
+		if len(found) != 1 {
+			t.Fatalf("%s: found %+v", matcher, found)
+		}
+		if s := found[0].sentence(); strings.Contains(s, secret) {
+			t.Errorf("%s: the warning quotes the value: %s", matcher, s)
+		}
+	}
+}
