@@ -107,6 +107,14 @@ func TestMisplacementInAdaptedCaddyfiles(t *testing.T) {
 		{name: "matched idempotency after reverse_proxy", body: "@post method POST\nroute {\n" + up + "idempotency @post\n}",
 			route: "route > idempotency method POST", answeredBy: "reverse_proxy", fix: "move `idempotency` before `reverse_proxy` in this route"},
 
+		// reverse_proxy with handle_response writes the upstream's
+		// response itself unless a handle_response route goes on.
+		{name: "order idempotency last, handle_response that responds", globals: "order idempotency last",
+			body:  "idempotency\nreverse_proxy 127.0.0.1:9 {\n@err status 5xx\nhandle_response @err {\nrespond 502\n}\n}",
+			route: "the site block", answeredBy: "reverse_proxy", fix: orderLine("reverse_proxy")},
+		{name: "route, handle_response with copy_response first", body: "route {\nreverse_proxy 127.0.0.1:9 {\n@err status 5xx\nhandle_response @err {\ncopy_response\n}\n}\nidempotency\n}",
+			route: "route", answeredBy: "reverse_proxy", fix: "move `idempotency` before `reverse_proxy` in this route"},
+
 		// Correct placements.
 		{name: "the directive's own order", body: "idempotency\n" + up},
 		{name: "own order, handle blocks", body: "idempotency\nhandle /api/* {\n" + up + "}\nhandle {\nrespond 404\n}"},
