@@ -43,6 +43,19 @@ func Secrets(dsn string) []string {
 		if at < 0 {
 			continue
 		}
+		// In a URL that parses with a userinfo, it ends at the last '@'
+		// of the authority: one may follow in the query.
+		if u, err := url.Parse(field); err == nil && u.User != nil {
+			if _, rest, ok := strings.Cut(field, "//"); ok {
+				start := len(field) - len(rest)
+				if end := strings.IndexAny(rest, "/?#"); end >= 0 {
+					rest = rest[:end]
+				}
+				if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+					at = start + i
+				}
+			}
+		}
 		userinfo := scheme.ReplaceAllString(field[:at], "")
 		if _, pw, ok := strings.Cut(userinfo, ":"); ok {
 			add(pw)

@@ -107,6 +107,21 @@ func TestSecretsHoldThePartsOfAPasswordAURLParserCuts(t *testing.T) {
 	}
 }
 
+// An '@' in a well-formed URL's query is no end of its userinfo: the
+// password is the one the URL holds, and no part of the host or the
+// query (a "0") becomes a secret that would mask every error's digits.
+func TestSecretsOfAURLWithAnAtInItsQuery(t *testing.T) {
+	got := Secrets("redis://:pw@127.0.0.1:6379/0?client_name=app@prod")
+	if !slices.Contains(got, "pw") {
+		t.Errorf("Secrets = %q, lacks the password", got)
+	}
+	for _, part := range []string{"0", "client_name=app", "127.0.0.1:6379"} {
+		if slices.Contains(got, part) {
+			t.Errorf("Secrets = %q, holds %q", got, part)
+		}
+	}
+}
+
 func TestScrubLongestFirst(t *testing.T) {
 	got := Scrub("a=abcdef b=abc", []string{"abc", "abcdef"})
 	if got != "a=xxxxx b=xxxxx" {
