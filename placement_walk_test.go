@@ -95,6 +95,9 @@ func TestMisplacementInAdaptedCaddyfiles(t *testing.T) {
 		{name: "handle_errors, order idempotency last", globals: "order idempotency last",
 			body:  "respond 500\nhandle_errors {\nidempotency\n" + up + "}",
 			route: "handle_errors", answeredBy: "reverse_proxy", fix: orderLine("reverse_proxy")},
+		{name: "a misplaced named route invoked where it cannot run, then where it runs", outside: "&(api) {\nroute {\n" + up + "idempotency\n}\n}\n",
+			body:  "handle /maintenance/* {\nroute {\nrespond 503\ninvoke api\n}\n}\nhandle {\ninvoke api\n}",
+			route: "&(api)", answeredBy: "reverse_proxy", fix: "move `idempotency` before `reverse_proxy` in this block (if the block sorts"},
 		{name: "handle_errors 502, route", body: "respond 500\nhandle_errors 502 {\nroute {\n" + up + "idempotency\n}\n}",
 			route: "handle_errors 502 > route", answeredBy: "reverse_proxy", fix: "move `idempotency` before `reverse_proxy` in this route"},
 		// Nested blocks.
@@ -126,6 +129,10 @@ func TestMisplacementInAdaptedCaddyfiles(t *testing.T) {
 		{name: "file_server pass_thru first", body: "route {\nfile_server {\npass_thru\n}\nidempotency\n" + up + "}"},
 		{name: "a group whose matched route passes", body: "route {\nhandle /api/* {\nheader X-API 1\n}\nhandle {\nrespond 404\n}\nidempotency\n" + up + "}"},
 		{name: "invoke after idempotency", outside: api, body: "route {\nidempotency\ninvoke api\n}"},
+		// A named route runs where another invoke of it is dead: its
+		// handler runs (and where it does not, neither does its upstream).
+		{name: "a named route invoked where it runs and where it cannot", outside: "&(api) {\nroute {\nidempotency\n" + up + "}\n}\n",
+			body: "handle /maintenance/* {\nroute {\nrespond 503\ninvoke api\n}\n}\nhandle {\ninvoke api\n}"},
 		{name: "idempotency in a named route, own order", outside: "&(api) {\nidempotency\n" + up + "}\n", body: "invoke api"},
 		{name: "handle_errors, own order", body: "respond 500\nhandle_errors {\nidempotency\n" + up + "}"},
 		// (An idempotency with nothing after it is the opposite mistake,
