@@ -5,6 +5,8 @@ import (
 	"net"
 	"slices"
 	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // How the placement check names a site and a route: as the Caddyfile
@@ -87,7 +89,27 @@ func describeMatcher(m pMatcher) string {
 		if codes, ok := strings.CutPrefix(expr, "{http.error.status_code} in ["); ok {
 			return strings.ReplaceAll(strings.TrimSuffix(codes, "]"), ",", "")
 		}
-		return "expression " + expr
 	}
-	return m.name + " " + string(m.value)
+	// The values of the other matchers may be a credential (a header's,
+	// a query's, one an expression compares): name the matcher and its
+	// fields, never their values.
+	switch m.name {
+	case "expression":
+		return "expression"
+	case "not":
+		var sets caddyhttp.RawMatcherSets
+		if json.Unmarshal(m.value, &sets) == nil {
+			return strings.TrimSpace("not " + describeMatch(rawMatcherSets(sets)))
+		}
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(m.value, &fields) == nil {
+		names := make([]string, 0, len(fields))
+		for name := range fields {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		return strings.TrimSpace(m.name + " " + strings.Join(names, " "))
+	}
+	return m.name
 }

@@ -146,14 +146,16 @@ type rawRoute struct {
 // rawHandler reads the fields of a handler's JSON that the check needs.
 func rawHandler(raw json.RawMessage) pHandler {
 	var h struct {
-		Handler        string            `json:"handler"`
-		Routes         []rawRoute        `json:"routes"`
-		HandleResponse []json.RawMessage `json:"handle_response"`
-		PassThru       bool              `json:"pass_thru"`
-		Name           string            `json:"name"`
-		Strict         bool              `json:"strict"`
-		StatusCode     json.RawMessage   `json:"status_code"`
-		Transport      struct {
+		Handler        string     `json:"handler"`
+		Routes         []rawRoute `json:"routes"`
+		HandleResponse []struct {
+			Routes []rawRoute `json:"routes"`
+		} `json:"handle_response"`
+		PassThru   bool            `json:"pass_thru"`
+		Name       string          `json:"name"`
+		Strict     bool            `json:"strict"`
+		StatusCode json.RawMessage `json:"status_code"`
+		Transport  struct {
 			Protocol string `json:"protocol"`
 		} `json:"transport"`
 	}
@@ -164,15 +166,11 @@ func rawHandler(raw json.RawMessage) pHandler {
 	switch h.Handler {
 	case "subroute":
 		out.hasSub = true
-		for _, r := range h.Routes {
-			pr := pRoute{group: r.Group, terminal: r.Terminal, match: rawMatcherSets(r.Match)}
-			for _, hr := range r.Handle {
-				pr.handlers = append(pr.handlers, rawHandler(hr))
-			}
-			out.routes = append(out.routes, pr)
-		}
+		out.routes = rawRoutes(h.Routes)
 	case "reverse_proxy":
-		out.passes = len(h.HandleResponse) > 0
+		for _, rh := range h.HandleResponse {
+			out.passes = out.passes || responsePasses(rawRoutes(rh.Routes))
+		}
 		out.fastcgi = h.Transport.Protocol == "fastcgi"
 	case "file_server":
 		out.passes = h.PassThru
@@ -189,6 +187,37 @@ func rawHandler(raw json.RawMessage) pHandler {
 	return out
 }
 
+func rawRoutes(routes []rawRoute) []pRoute {
+	var out []pRoute
+	for _, r := range routes {
+		pr := pRoute{group: r.Group, terminal: r.Terminal, match: rawMatcherSets(r.Match)}
+		for _, hr := range r.Handle {
+			pr.handlers = append(pr.handlers, rawHandler(hr))
+		}
+		out = append(out, pr)
+	}
+	return out
+}
+
+// responsePasses says whether a handle_response of reverse_proxy may
+// call the next handler: its routes run before it (forward_auth copies
+// headers and goes on), unless one of them without a matcher answers
+// (respond, copy_response). Without routes (a status_code only), it
+// writes the upstream's response.
+func responsePasses(routes []pRoute) bool {
+	for i := range routes {
+		if len(routes[i].match) > 0 {
+			continue
+		}
+		for j := range routes[i].handlers {
+			if isTerminal(&routes[i].handlers[j]) {
+				return false
+			}
+		}
+	}
+	return len(routes) > 0
+}
+
 // typedHandler reads a provisioned handler.
 func typedHandler(h caddyhttp.MiddlewareHandler) pHandler {
 	out := pHandler{name: moduleName(h)}
@@ -197,7 +226,9 @@ func typedHandler(h caddyhttp.MiddlewareHandler) pHandler {
 		out.hasSub = true
 		out.routes = readRoutes(h.Routes)
 	case *reverseproxy.Handler:
-		out.passes = len(h.HandleResponse) > 0
+		for _, rh := range h.HandleResponse {
+			out.passes = out.passes || responsePasses(readRoutes(rh.Routes))
+		}
 		if m, ok := h.Transport.(caddy.Module); ok {
 			out.fastcgi = m.CaddyModule().ID.Name() == "fastcgi"
 		}

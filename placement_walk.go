@@ -221,6 +221,12 @@ func (w *placementWalker) named(name string, c walkCtx) (all, some answeredAt) {
 	defer func() { w.invoking = w.invoking[:len(w.invoking)-1] }()
 	c.blocks = append(slices.Clip(c.blocks), "&("+name+")")
 	c.sorted, c.wrappers = true, false
+	if c.all.by != "" {
+		// An invoke that never runs (answered before it): neither does
+		// the upstream after it, and another invoke may run the route.
+		// Its handlers are checked as the route holds them.
+		c.all, c.some = answeredAt{}, answeredAt{}
+	}
 	// The named route is the list of its one route; its subroute (more
 	// than one directive) is sorted too.
 	if len(r.handlers) == 1 && r.handlers[0].hasSub && len(r.match) == 0 {

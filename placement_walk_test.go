@@ -95,6 +95,9 @@ func TestMisplacementInAdaptedCaddyfiles(t *testing.T) {
 		{name: "handle_errors, order idempotency last", globals: "order idempotency last",
 			body:  "respond 500\nhandle_errors {\nidempotency\n" + up + "}",
 			route: "handle_errors", answeredBy: "reverse_proxy", fix: orderLine("reverse_proxy")},
+		{name: "a misplaced named route invoked where it cannot run, then where it runs", outside: "&(api) {\nroute {\n" + up + "idempotency\n}\n}\n",
+			body:  "handle /maintenance/* {\nroute {\nrespond 503\ninvoke api\n}\n}\nhandle {\ninvoke api\n}",
+			route: "&(api)", answeredBy: "reverse_proxy", fix: "move `idempotency` before `reverse_proxy` in this block (if the block sorts"},
 		{name: "handle_errors 502, route", body: "respond 500\nhandle_errors 502 {\nroute {\n" + up + "idempotency\n}\n}",
 			route: "handle_errors 502 > route", answeredBy: "reverse_proxy", fix: "move `idempotency` before `reverse_proxy` in this route"},
 		// Nested blocks.
@@ -107,6 +110,14 @@ func TestMisplacementInAdaptedCaddyfiles(t *testing.T) {
 		{name: "matched idempotency after reverse_proxy", body: "@post method POST\nroute {\n" + up + "idempotency @post\n}",
 			route: "route > idempotency method POST", answeredBy: "reverse_proxy", fix: "move `idempotency` before `reverse_proxy` in this route"},
 
+		// reverse_proxy with handle_response writes the upstream's
+		// response itself unless a handle_response route goes on.
+		{name: "order idempotency last, handle_response that responds", globals: "order idempotency last",
+			body:  "idempotency\nreverse_proxy 127.0.0.1:9 {\n@err status 5xx\nhandle_response @err {\nrespond 502\n}\n}",
+			route: "the site block", answeredBy: "reverse_proxy", fix: orderLine("reverse_proxy")},
+		{name: "route, handle_response with copy_response first", body: "route {\nreverse_proxy 127.0.0.1:9 {\n@err status 5xx\nhandle_response @err {\ncopy_response\n}\n}\nidempotency\n}",
+			route: "route", answeredBy: "reverse_proxy", fix: "move `idempotency` before `reverse_proxy` in this route"},
+
 		// Correct placements.
 		{name: "the directive's own order", body: "idempotency\n" + up},
 		{name: "own order, handle blocks", body: "idempotency\nhandle /api/* {\n" + up + "}\nhandle {\nrespond 404\n}"},
@@ -118,6 +129,10 @@ func TestMisplacementInAdaptedCaddyfiles(t *testing.T) {
 		{name: "file_server pass_thru first", body: "route {\nfile_server {\npass_thru\n}\nidempotency\n" + up + "}"},
 		{name: "a group whose matched route passes", body: "route {\nhandle /api/* {\nheader X-API 1\n}\nhandle {\nrespond 404\n}\nidempotency\n" + up + "}"},
 		{name: "invoke after idempotency", outside: api, body: "route {\nidempotency\ninvoke api\n}"},
+		// A named route runs where another invoke of it is dead: its
+		// handler runs (and where it does not, neither does its upstream).
+		{name: "a named route invoked where it runs and where it cannot", outside: "&(api) {\nroute {\nidempotency\n" + up + "}\n}\n",
+			body: "handle /maintenance/* {\nroute {\nrespond 503\ninvoke api\n}\n}\nhandle {\ninvoke api\n}"},
 		{name: "idempotency in a named route, own order", outside: "&(api) {\nidempotency\n" + up + "}\n", body: "invoke api"},
 		{name: "handle_errors, own order", body: "respond 500\nhandle_errors {\nidempotency\n" + up + "}"},
 		// (An idempotency with nothing after it is the opposite mistake,
@@ -186,6 +201,29 @@ func TestRepositoryConfigsAreWellPlaced(t *testing.T) {
 		}
 		for _, m := range misplacedIn(servers) {
 			t.Errorf("%s: %s", name, m.sentence())
+		}
+	}
+}
+
+// TestPlacementQuotesNoMatcherValue: a route matched by a header, a query
+// or an expression may be matched by a credential (an API key); the
+// warning names the matcher and its fields, never their values.
+func TestPlacementQuotesNoMatcherValue(t *testing.T) {
+	const secret = "s3cretKey123"
+	for _, matcher := range []string{
+		"header X-Api-Key " + secret,
+		"header_regexp X-Api-Key ^" + secret + "$",
+		"query token=" + secret,
+		"expression `{http.request.header.X-Api-Key} == '" + secret + "'`",
+		"not header X-Api-Key " + secret,
+	} {
+		cf := "http://127.0.0.1:8080 {\n@internal " + matcher + "\nroute @internal {\nreverse_proxy 127.0.0.1:9\nidempotency\n}\n}\n"
+		found := misplacedIn(adaptedServers(t, cf))
+		if len(found) != 1 {
+			t.Fatalf("%s: found %+v", matcher, found)
+		}
+		if s := found[0].sentence(); strings.Contains(s, secret) {
+			t.Errorf("%s: the warning quotes the value: %s", matcher, s)
 		}
 	}
 }

@@ -55,6 +55,9 @@ func secretCases(t *testing.T) (cases []secretCase, env map[string]string) {
 		{name: "redis missing colon", storage: "storage redis {\n\turl redis//:" + leakPW + "@" + redis + "\n}", starts: false, says: "url must start with a scheme"},
 		{name: "rediss one slash", storage: "storage redis {\n\turl rediss:/:" + leakPW + "@" + redis + "\n}", starts: false, says: "url must start with a scheme"},
 		{name: "redis password in the path", storage: "storage redis {\n\turl redis://:" + leakPW + "@" + redis + "/" + leakPW + "\n}", starts: false, says: "invalid database number"},
+		// A password with an unencoded '/' (base64): net/url reads its
+		// first part as the host's port, the rest as the path.
+		{name: "redis password with a slash", storage: "storage redis {\n\turl redis://:1234/" + leakPW + "@" + redis + "\n}", starts: false, says: "invalid url"},
 		{name: "redis wrong password", storage: "storage redis {\n\turl redis://nosuchuser:" + leakPW + "@" + redis + "/0\n}", starts: true, says: "WRONGPASS"},
 		{name: "redis password from env", storage: "storage redis {\n\turl redis://" + redis + "/0\n\tusername nosuchuser\n\tpassword {env.IDEM_E2E_PW}\n}", env: map[string]string{"IDEM_E2E_PW": leakPW}, starts: true, says: "WRONGPASS"},
 		{name: "redis sentinel passwords", storage: "storage redis {\n\taddresses " + dead + "\n\tmaster_name m\n\tpassword " + leakPW + "\n\tsentinel_password {env.IDEM_E2E_PW}\n}", env: map[string]string{"IDEM_E2E_PW": leakPW}, starts: true, says: "sentinels"},

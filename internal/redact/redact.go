@@ -27,7 +27,8 @@ var keyword = regexp.MustCompile(`(?i)(?:^|[\s?&;,])[a-z_]*(?:pas|pw|wor|wd)[a-z
 var scheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.\-]*(?::/{0,3}|/{1,3})`)
 
 // Secrets returns the passwords that dsn holds, however it is written: the
-// password of a URL's userinfo (user:password@host, whatever precedes it),
+// password of a URL's userinfo (user:password@host, whatever precedes it,
+// and its parts between the '/', '?' and '#' that a parser cuts it at),
 // and the value of every password keyword or query parameter, each as
 // written and decoded (unquoted, unescaped). Nothing in dsn needs to parse.
 func Secrets(dsn string) []string {
@@ -42,11 +43,32 @@ func Secrets(dsn string) []string {
 		if at < 0 {
 			continue
 		}
+		// In a URL that parses with a userinfo, it ends at the last '@'
+		// of the authority: one may follow in the query.
+		if u, err := url.Parse(field); err == nil && u.User != nil {
+			if _, rest, ok := strings.Cut(field, "//"); ok {
+				start := len(field) - len(rest)
+				if end := strings.IndexAny(rest, "/?#"); end >= 0 {
+					rest = rest[:end]
+				}
+				if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+					at = start + i
+				}
+			}
+		}
 		userinfo := scheme.ReplaceAllString(field[:at], "")
 		if _, pw, ok := strings.Cut(userinfo, ":"); ok {
 			add(pw)
 			if dec, err := url.PathUnescape(pw); err == nil {
 				add(dec)
+			}
+			// A '/', '?' or '#' not percent-encoded (a base64
+			// password's '/') ends the authority where a URL parser
+			// reads it, which then quotes a part as the port or path.
+			if strings.ContainsAny(pw, "/?#") {
+				for _, part := range strings.FieldsFunc(pw, func(c rune) bool { return c == '/' || c == '?' || c == '#' }) {
+					add(part)
+				}
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -85,6 +86,39 @@ func TestErrorScrubsEveryFormAndUnwraps(t *testing.T) {
 				t.Errorf("the scrubbed error no longer wraps the driver's: %v", err)
 			}
 		})
+	}
+}
+
+// A URL parser cuts a password at a '/', '?' or '#' that is not
+// percent-encoded and quotes a part as the port or the path: each part is
+// a secret.
+func TestSecretsHoldThePartsOfAPasswordAURLParserCuts(t *testing.T) {
+	for dsn, want := range map[string][]string{
+		"redis://:Zq7/leak-pw@127.0.0.1:6379":   {"Zq7/leak-pw", "Zq7", "leak-pw"},
+		"postgres://app:a?b#c@127.0.0.1/db":     {"a?b#c", "a", "b", "c"},
+		"rediss://app:1234/x/@127.0.0.1:6379/0": {"1234/x/", "1234", "x"},
+	} {
+		got := Secrets(dsn)
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				t.Errorf("Secrets(%q) = %q, lacks %q", dsn, got, w)
+			}
+		}
+	}
+}
+
+// An '@' in a well-formed URL's query is no end of its userinfo: the
+// password is the one the URL holds, and no part of the host or the
+// query (a "0") becomes a secret that would mask every error's digits.
+func TestSecretsOfAURLWithAnAtInItsQuery(t *testing.T) {
+	got := Secrets("redis://:pw@127.0.0.1:6379/0?client_name=app@prod")
+	if !slices.Contains(got, "pw") {
+		t.Errorf("Secrets = %q, lacks the password", got)
+	}
+	for _, part := range []string{"0", "client_name=app", "127.0.0.1:6379"} {
+		if slices.Contains(got, part) {
+			t.Errorf("Secrets = %q, holds %q", got, part)
+		}
 	}
 }
 

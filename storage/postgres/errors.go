@@ -48,6 +48,7 @@ const (
 	deadlockDetected     = "40P01"
 	undefinedTable       = "42P01"
 	undefinedColumn      = "42703"
+	undefinedFunction    = "42883"
 	invalidParamName     = "42602"
 	undefinedObject      = "42704"
 	lockNotAvailable     = "55P03"
@@ -213,8 +214,24 @@ func (s *Store) meaning(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("postgres %s: table %s does not exist (%s): %w", op, s.table, hint, err)
 	case errors.As(err, &pgErr) && pgErr.Code == undefinedColumn && !s.opts.CreateTable:
 		return fmt.Errorf("postgres %s: table %s lacks a column of this version (%s): %w", op, s.table, columnHint(s.table, pgErr.Message), err)
+	case errors.As(err, &pgErr) && pgErr.Code == undefinedFunction && op == "ping":
+		return fmt.Errorf("postgres %s: table %s has a column of another type (column %s: the table is not the one `caddy idempotency schema` prints; "+
+			"create it with those statements, or turn create_table on for a new table): %w", op, s.table, columnAt(s.sql.columns, pgErr.Position), err)
 	}
 	return fmt.Errorf("postgres %s: %w", op, err)
+}
+
+// columnAt names the column compared at position pos (1-based, as
+// PostgreSQL reports it) of the statement stmt: the word before it.
+func columnAt(stmt string, pos int32) string {
+	if pos < 1 || int(pos) > len(stmt) {
+		return "?"
+	}
+	words := strings.Fields(stmt[:pos-1])
+	if len(words) == 0 {
+		return "?"
+	}
+	return words[len(words)-1]
 }
 
 // columnHint says how to fix a table that lacks the column PostgreSQL's

@@ -171,6 +171,22 @@ func TestPingChecksTheTableAndItsColumns(t *testing.T) {
 		}
 	}
 
+	// A column of another type (a fingerprint made text) fails every
+	// request that writes to it: Ping names it too.
+	for col, typ := range map[string]string{"fingerprint": "text", "body": "text", "body_omitted": "integer"} {
+		table := pgtest.Table(t, dsn)
+		ddl, err := postgres.Schema(table)
+		ok(t, err)
+		pgtest.Exec(t, dsn, ddl[0])
+		pgtest.Exec(t, dsn, "ALTER TABLE "+pgx.Identifier{table}.Sanitize()+" ALTER COLUMN "+col+" DROP DEFAULT, ALTER COLUMN "+col+" TYPE "+typ+" USING NULL")
+		err = openStore(t, testPool(t, dsn, 2), postgres.Options{Table: table}).Ping(ctx)
+		for _, want := range []string{`table "` + table + `" has a column of another type`, "caddy idempotency schema"} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("Ping with column %s of type %s: %v, want it to say %s", col, typ, err, want)
+			}
+		}
+	}
+
 	created := pgtest.Table(t, dsn)
 	ok(t, openStore(t, testPool(t, dsn, 2), postgres.Options{Table: created, CreateTable: true}).Ping(ctx))
 	var n int

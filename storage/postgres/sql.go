@@ -35,6 +35,13 @@ type statements struct {
 // or writes.
 const columnNames = `scope, key, fingerprint, state, token, status, headers, body, body_omitted, created_at, expires_at, detail`
 
+// columnTypes compares each column with a value of the type the store
+// writes: PostgreSQL refuses a comparison of another type (a fingerprint
+// made text) when it plans the statement, before it reads any row.
+const columnTypes = ` AND scope = ''::text AND key = ''::text AND fingerprint = ''::bytea AND state = 0::smallint` +
+	` AND token = 0::bigint AND status = 0 AND headers = ''::bytea AND body = ''::bytea AND body_omitted = false` +
+	` AND created_at = now() AND expires_at = now() AND detail = ''::bytea`
+
 // existing is the column list that describes a live record to a caller
 // that did not get it: whether the fingerprint matches, state, times, and
 // the response only for a replay (same fingerprint, completed), so that a
@@ -58,8 +65,10 @@ func newStatements(table string, lockWait time.Duration) statements {
 	q := func(s string) string { return strings.ReplaceAll(s, "{table}", table) }
 	return statements{
 		// columns reads no row, but fails naming the table, or the first
-		// column, that does not exist (Ping).
-		columns: q(`SELECT ` + columnNames + ` FROM {table} WHERE false`),
+		// column, that does not exist, or (at the position of its
+		// comparison) the first column of another type than the store
+		// writes (Ping).
+		columns: q(`SELECT ` + columnNames + ` FROM {table} WHERE false` + columnTypes),
 		// guard opens every pipeline of reserves, completions and releases
 		// (see runBatch). Its UPDATE changes no row, but it takes the
 		// table's ROW EXCLUSIVE lock, the lock the statements after it

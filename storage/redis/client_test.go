@@ -247,3 +247,28 @@ func TestCheckNeverQuotesAPassword(t *testing.T) {
 		}
 	}
 }
+
+// A password whose '/', '?' or '#' is not percent-encoded (a base64
+// password's '/') ends the URL's authority where net/url reads it: the
+// port or the path it then quotes is a part of the password, and no part
+// may reach the error.
+func TestCheckNeverQuotesAPartOfAPassword(t *testing.T) {
+	for _, u := range []string{
+		"redis://:Zq7/leak-pw@127.0.0.1:6379",
+		"redis://:Zq7?leak-pw@127.0.0.1:6379",
+		"redis://:Zq7#leak-pw@127.0.0.1:6379",
+		"rediss://app:Zq7/leak-pw@127.0.0.1:6379/0",
+		"redis://app:1234/leak-pw@127.0.0.1:6379",
+	} {
+		err := redis.ClientOptions{URL: u}.Check()
+		if err == nil {
+			t.Errorf("%s: accepted", u)
+			continue
+		}
+		for _, part := range []string{"Zq7", "leak-pw"} {
+			if strings.Contains(err.Error(), part) {
+				t.Errorf("%s: the error quotes %q: %v", u, part, err)
+			}
+		}
+	}
+}
