@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -153,51 +154,19 @@ func BenchmarkNewKeyNewBody(b *testing.B) {
 }
 
 func BenchmarkReplay(b *testing.B) {
-	h := benchHandler(b)
-	body := benchJSON()
-	next := nopNext()
-	w := &discardWriter{h: http.Header{}}
-	serveCreated(b, h, w, benchRequest("replayed", body, w), next)
-	b.ReportAllocs()
-	defer cpuPerOp(b)()
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		w := &discardWriter{h: http.Header{}}
-		serveCreated(b, h, w, benchRequest("replayed", body, w), next)
-		if w.h.Get("Idempotent-Replayed") != "true" {
-			b.Fatal("not a replay")
-		}
-	}
+	benchReplays(b, benchHandler(b), false)
 }
 
 // BenchmarkRedisReplay is a replay from the tests' Redis: one round trip
 // (the get script) over BenchmarkReplay.
 func BenchmarkRedisReplay(b *testing.B) {
-	addr := redistest.Addr()
-	redistest.Require(b, addr)
-	prefix := backendtest.RedisPrefix()
-	h := storeBenchHandler(b, map[string]any{"backend": "redis", "url": "redis://" + addr + "/0", "key_prefix": prefix})
-	b.Cleanup(func() { backendtest.DeleteRedisPrefix(b, addr, prefix) })
-	body := benchJSON()
-	next := nopNext()
-	w := &discardWriter{h: http.Header{}}
-	serveCreated(b, h, w, benchRequest("replayed", body, w), next)
-	b.ReportAllocs()
-	defer cpuPerOp(b)()
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		w := &discardWriter{h: http.Header{}}
-		serveCreated(b, h, w, benchRequest("replayed", body, w), next)
-		if w.h.Get("Idempotent-Replayed") != "true" {
-			b.Fatal("not a replay")
-		}
-	}
+	benchReplays(b, redisBenchHandler(b), false)
 }
 
 // BenchmarkReplayParallel is BenchmarkReplay with 64 requests at once
 // (on two cores), the baseline of BenchmarkRedisReplayParallel.
 func BenchmarkReplayParallel(b *testing.B) {
-	benchReplayParallel(b, benchHandler(b))
+	benchReplays(b, benchHandler(b), true)
 }
 
 // BenchmarkRedisReplayParallel is BenchmarkRedisReplay with 64 requests at
@@ -206,29 +175,50 @@ func BenchmarkReplayParallel(b *testing.B) {
 // replay rather than a round trip's system calls, which one request at a
 // time pays alone.
 func BenchmarkRedisReplayParallel(b *testing.B) {
+	benchReplays(b, redisBenchHandler(b), true)
+}
+
+// redisBenchHandler is a handler on the tests' Redis, under a key prefix
+// of its own.
+func redisBenchHandler(b *testing.B) *Handler {
 	addr := redistest.Addr()
 	redistest.Require(b, addr)
 	prefix := backendtest.RedisPrefix()
 	h := storeBenchHandler(b, map[string]any{"backend": "redis", "url": "redis://" + addr + "/0", "key_prefix": prefix})
 	b.Cleanup(func() { backendtest.DeleteRedisPrefix(b, addr, prefix) })
-	benchReplayParallel(b, h)
+	return h
 }
 
-// benchReplayParallel replays one recorded key from 64 goroutines.
-func benchReplayParallel(b *testing.B, h *Handler) {
+// benchReplays replays one recorded key, one request at a time or from
+// 64 goroutines (parallel).
+func benchReplays(b *testing.B, h *Handler, parallel bool) {
 	body := benchJSON()
 	next := nopNext()
 	w := &discardWriter{h: http.Header{}}
 	serveCreated(b, h, w, benchRequest("replayed", body, w), next)
+	replay := func() error {
+		w := &discardWriter{h: http.Header{}}
+		if err := h.ServeHTTP(w, benchRequest("replayed", body, w), next); err != nil || w.h.Get("Idempotent-Replayed") != "true" {
+			return fmt.Errorf("not a replay: status %d, error %v", w.status, err)
+		}
+		return nil
+	}
 	b.ReportAllocs()
 	defer cpuPerOp(b)()
 	b.SetBytes(int64(len(body)))
+	if !parallel {
+		for b.Loop() {
+			if err := replay(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return
+	}
 	b.SetParallelism(32)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			w := &discardWriter{h: http.Header{}}
-			if err := h.ServeHTTP(w, benchRequest("replayed", body, w), next); err != nil || w.h.Get("Idempotent-Replayed") != "true" {
-				b.Errorf("not a replay: status %d, error %v", w.status, err)
+			if err := replay(); err != nil {
+				b.Error(err) // not Fatal: this is not the benchmark's goroutine
 				return
 			}
 		}
