@@ -355,3 +355,49 @@ func TestDurabilityOnCluster(t *testing.T) {
 		}
 	})
 }
+
+// TestProceedProceedsUnderConcurrentShortfalls: with too few replicas
+// connected, each WAIT blocks for its whole timeout, and a pipeline that
+// waits must not hold up the operations queued behind it, or they reach
+// the store's timeout before their own WAIT is out: with the defaults
+// (WAIT 1s, timeout 2s) and on_timeout proceed, reservations arriving a
+// few milliseconds apart must all go on, each counted as a shortfall,
+// not fail as timeouts; so must their completions.
+func TestProceedProceedsUnderConcurrentShortfalls(t *testing.T) {
+	primary := redistest.StartServer(t) // no replica
+	var short shortfalls
+	s := newTestStore(t, primary.Addr, Options{KeyPrefix: testPrefix(), Timeout: 2 * time.Second,
+		Durability: Durability{Replicas: 1, Timeout: time.Second, Proceed: true, OnShortfall: short.add}})
+	const n = 16
+	// The scripts cached first: a batch that meets NOSCRIPT sends them
+	// again with a WAIT of its own, and waits twice.
+	warm := newTestStore(t, primary.Addr, Options{KeyPrefix: testPrefix()})
+	tok := acquire(t, warm, storage.Key{Scope: "s", ID: "warm"}, time.Minute)
+	if err := warm.Complete(t.Context(), storage.Key{Scope: "s", ID: "warm"}, tok, textResponse("x"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			key := storage.Key{Scope: "s", ID: fmt.Sprint("proceed-", i)}
+			res, err := s.Reserve(t.Context(), key, fp, time.Minute)
+			if err == nil && res.Outcome != storage.Acquired {
+				err = fmt.Errorf("outcome %v", res.Outcome)
+			}
+			if err == nil {
+				err = s.Complete(t.Context(), key, res.Token, textResponse("x"), time.Hour)
+			}
+			errs <- err
+		}()
+		time.Sleep(20 * time.Millisecond) // arrivals spread, as requests' are
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("Reserve and Complete: %v; want each to proceed", err)
+		}
+	}
+	got := short.take()
+	if r, c := strings.Count(got, "reserve:0"), strings.Count(got, "complete:0"); r != n || c != n {
+		t.Errorf("%d reservations and %d completions counted short, want %d each", r, c, n)
+	}
+}
