@@ -21,12 +21,9 @@ import (
 type pipeliner struct {
 	client goredis.UniversalClient
 	wait   Durability // WAIT behind the durable calls of a batch (Replicas > 0)
-	// waiting holds a slot for each batch with a WAIT sent on a goroutine
-	// of its own (see work), at most maxWaitingBatches.
-	waiting chan struct{}
-	queue   chan *call
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	queue  chan *call
+	stop   chan struct{}
+	wg     sync.WaitGroup
 
 	// closing guards the queue: no call is queued once close has begun,
 	// so none is left behind unanswered.
@@ -56,16 +53,12 @@ const (
 	pipelineWorkers = 2
 	// maxBatch bounds one pipeline, so a burst cannot build a huge reply.
 	maxBatch = 128
-	// maxWaitingBatches bounds the batches with a WAIT in flight besides
-	// the workers' own (each holds a connection while WAIT blocks).
-	maxWaitingBatches = 64
 )
 
 var errStoreClosed = errors.New("redis store is closed")
 
 func newPipeliner(client goredis.UniversalClient, wait Durability) *pipeliner {
-	p := &pipeliner{client: client, wait: wait, waiting: make(chan struct{}, maxWaitingBatches),
-		queue: make(chan *call, 4*maxBatch), stop: make(chan struct{})}
+	p := &pipeliner{client: client, wait: wait, queue: make(chan *call, 4*maxBatch), stop: make(chan struct{})}
 	p.wg.Add(pipelineWorkers)
 	for range pipelineWorkers {
 		go p.work()
@@ -122,26 +115,6 @@ func (p *pipeliner) work() {
 				batch = append(batch, c)
 			default:
 				break drain
-			}
-		}
-		if slices.ContainsFunc(batch, func(c *call) bool { return c.durable }) {
-			// WAIT blocks for its whole timeout while too few replicas
-			// are connected. Sent here, it would hold this worker, and
-			// the calls queued meanwhile would wait for it before their
-			// own WAIT, past the store's timeout: on_timeout proceed would
-			// never proceed. The batch waits on a goroutine of its own
-			// instead, while a slot is free.
-			select {
-			case p.waiting <- struct{}{}:
-				b := slices.Clone(batch)
-				p.wg.Add(1) // this worker's count keeps the group above zero
-				go func() {
-					defer p.wg.Done()
-					defer func() { <-p.waiting }()
-					p.flush(b)
-				}()
-				continue
-			default:
 			}
 		}
 		p.flush(batch)
