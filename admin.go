@@ -61,6 +61,9 @@ type storeInfo struct {
 	// records where it is connected, or did not answer.
 	Durability      any    `json:"durability,omitempty"`
 	DurabilityError string `json:"durability_error,omitempty"`
+	// DurabilityAt is when the store said so: they are asked only after a
+	// ping it answered, so while it is down they are older than the ping.
+	DurabilityAt *time.Time `json:"durability_at,omitempty"`
 }
 
 // pingView is a store's last ping as the admin API shows it.
@@ -106,7 +109,8 @@ func (adminAPI) handleStores(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 		if d := s.LastDurability(); !d.At.IsZero() {
-			info.Durability = d.Facts
+			at := d.At.UTC()
+			info.Durability, info.DurabilityAt = d.Facts, &at
 			if d.Err != nil {
 				info.DurabilityError = d.Err.Error()
 			}

@@ -423,3 +423,39 @@ func TestAdminDocumentedScopeRecipesGiveTheHandlersHash(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminStoresSayWhenTheirDurabilityFactsWereTaken: the durability
+// facts are asked only after a ping that answered, so while a store is
+// down they are the ones of its last answer; durability_at says when
+// that was, so that they are not read as the facts of now.
+func TestAdminStoresSayWhenTheirDurabilityFactsWereTaken(t *testing.T) {
+	srv := redistest.StartServer(t)
+	h := provision(t, &Handler{StorageRaw: json.RawMessage(fmt.Sprintf(`{"backend":"redis","url":"redis://%s/0","timeout":"200ms"}`, srv.Addr))})
+	stores := func() storeInfo {
+		var a adminAPI
+		w := httptest.NewRecorder()
+		if err := a.handleStores(w, httptest.NewRequest(http.MethodGet, "/idempotency/stores", nil)); err != nil {
+			t.Fatal(err)
+		}
+		var list []storeInfo
+		if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range list {
+			if s.ID == storeID(t, h) {
+				return s
+			}
+		}
+		t.Fatalf("store %s not listed: %s", storeID(t, h), w.Body)
+		return storeInfo{}
+	}
+	up := stores()
+	if up.Durability == nil || up.DurabilityAt == nil || up.Ping == nil || up.DurabilityAt.Before(up.Ping.At) {
+		t.Fatalf("store up: ping %+v, durability at %v; want facts taken after the ping", up.Ping, up.DurabilityAt)
+	}
+	srv.Kill()
+	down := stores()
+	if down.Ping == nil || down.Ping.OK || down.DurabilityAt == nil || !down.DurabilityAt.Equal(*up.DurabilityAt) {
+		t.Fatalf("store down: ping %+v, durability at %v; want the failed ping and the facts' time of before (%v)", down.Ping, down.DurabilityAt, up.DurabilityAt)
+	}
+}

@@ -165,6 +165,8 @@ func TestRedisCaddyfileErrors(t *testing.T) {
 		{"durability replicas not a number", []string{"storage redis {", "\tdurability replicas one", "}"}, 4, []string{"replicas must be an integer", "'one'"}},
 		{"durability replicas zero", []string{"storage redis {", "\tdurability replicas 0", "\tkey_prefix k:", "}"}, 4, []string{"durability replicas must be at least 1, got 0"}},
 		{"durability timeout invalid", []string{"storage redis {", "\tdurability replicas 1 soon", "}"}, 4, []string{"durability timeout", "'soon'"}},
+		{"durability timeout zero", []string{"storage redis {", "\tdurability replicas 1 0", "\tkey_prefix k:", "}"}, 4, []string{"durability timeout must be positive", "'0'"}},
+		{"durability timeout zero with a unit", []string{"storage redis {", "\tdurability replicas 1 0s on_timeout proceed", "}"}, 4, []string{"durability timeout must be positive", "'0s'"}},
 		{"durability on_timeout unknown", []string{"storage redis {", "\tdurability replicas 1 on_timeout retry", "\tkey_prefix k:", "}"}, 4, []string{`on_timeout must be "fail" or "proceed", got "retry"`}},
 		{"durability with a stray word", []string{"storage redis {", "\tdurability replicas 1 1s later", "}"}, 4, []string{"durability replicas <n>"}},
 		{"durability timeout past the timeout", []string{"storage redis {", "\tdurability replicas 1 2s", "\tkey_prefix k:", "}"}, 4, []string{"durability timeout 2s must be shorter than timeout 2s"}},

@@ -179,7 +179,7 @@ func TestPostgresFailoverFactsAndReadOnlyServer(t *testing.T) {
 		t.Errorf("fail_open on the standby: %d, upstream calls %d; want the request passed on", w.Code, up.calls.Load())
 	}
 	lines := logs.All()
-	if len(lines) != 1 || !strings.Contains(fmt.Sprint(lines[0].ContextMap()["error"]), "connected to a read-only server (in recovery)") {
+	if len(lines) != 1 || !strings.Contains(fmt.Sprint(lines[0].ContextMap()["error"]), "connected to a read-only server: the records cannot be written there; a standby (in recovery") {
 		t.Errorf("log lines of fail_closed on the standby: %+v; want one that says the server is read-only", lines)
 	}
 }

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.uber.org/zap"
@@ -49,8 +50,14 @@ func (p *pooledStore) logDurability(ctx context.Context, logger *zap.Logger, id,
 		return
 	}
 	fields := []zap.Field{zap.String("backend", p.backend), zap.String("store", id), zap.String("address", where), zap.Any("durability", r.Facts)}
-	if r.Err != nil {
+	switch {
+	case r.Err != nil && errors.Is(r.Err, storage.ErrUnavailable):
 		logger.Warn("idempotency store cannot keep records where it is connected; requests using it follow on_storage_error", append(fields, zap.Error(r.Err))...)
+		return
+	case r.Err != nil:
+		// It can keep them, less durably than configured (a Redis
+		// primary short of replicas, with on_timeout proceed).
+		logger.Warn("idempotency store cannot keep records as durably as configured where it is connected; requests using it go on", append(fields, zap.Error(r.Err))...)
 		return
 	}
 	logger.Info("idempotency store durability", fields...)

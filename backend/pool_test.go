@@ -138,3 +138,44 @@ func TestAStoreIsNotClosedUnderItsStartPing(t *testing.T) {
 		t.Errorf("warnings %q, want one naming the ping's cause", got)
 	}
 }
+
+// factsStore is a store that pings and says err about its durability.
+type factsStore struct {
+	storage.Store
+	err error
+}
+
+func (factsStore) Ping(context.Context) error { return nil }
+func (s factsStore) Durability(context.Context) (any, error) {
+	return map[string]any{"replicas": 1}, s.err
+}
+
+// The start-up line of a store that answered but cannot keep its records
+// as configured warns, and says that requests follow on_storage_error
+// only when they will (the error is unavailable: a standby, a Redis
+// primary short of the replicas that durability waits for with
+// on_timeout fail); otherwise (on_timeout proceed) it says they go on.
+func TestAStoreShortOfItsDurabilityWarnsAtStart(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("%w: 0 connected replicas", storage.ErrUnavailable), "requests using it follow on_storage_error"},
+		{errors.New("0 connected replicas, then runs unreplicated (on_timeout proceed)"), "requests using it go on"},
+	} {
+		core, logs := observer.New(zap.WarnLevel)
+		var b Pooled
+		if err := b.Acquire(zap.New(core), "test", "facts-"+tc.want, "", func() (storage.Store, error) {
+			return factsStore{Store: memory.New(memory.Options{}), err: tc.err}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Cleanup(); err != nil { // waits for the start ping
+			t.Fatal(err)
+		}
+		got := logs.All()
+		if len(got) != 1 || !strings.Contains(got[0].Message, tc.want) || got[0].ContextMap()["error"] != tc.err.Error() {
+			t.Errorf("%v: warnings %+v, want one saying %q", tc.err, got, tc.want)
+		}
+	}
+}

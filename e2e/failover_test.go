@@ -47,7 +47,7 @@ func TestPostgresPromotionIsFollowedThroughAMultiHostDSN(t *testing.T) {
 	assertExecutions(t, up, "on-standby", 1)
 	testutil.Eventually(t, time.Minute, "the fail_open line of the standby's store, saying why", func() bool {
 		for _, line := range strings.Split(inst.Log(), "\n") {
-			if strings.Contains(line, "(fail_open)") && strings.Contains(line, "connected to a read-only server (in recovery)") {
+			if strings.Contains(line, "(fail_open)") && strings.Contains(line, "connected to a read-only server: the records cannot be written there; a standby (in recovery") {
 				return true
 			}
 		}

@@ -83,6 +83,11 @@ func parseDurability(d *caddyfile.Dispenser) (*Durability, error) {
 		if err != nil {
 			return nil, d.Err(err.Error())
 		}
+		if t <= 0 {
+			// Zero would otherwise read as "not given" (the default,
+			// 1s), as a negative one reads as "not positive" in compile.
+			return nil, d.Errf("durability timeout must be positive, got '%s'", rest[0])
+		}
 		out.Timeout = caddy.Duration(t)
 		rest = rest[1:]
 	}

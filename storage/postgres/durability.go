@@ -62,12 +62,17 @@ type Standby struct {
 }
 
 // ErrReadOnly is wrapped, with storage.ErrUnavailable, by the errors of
-// a store connected to a server that refuses writes: a standby, or a
-// primary demoted by a failover. The store drops the pool's connections
-// when it meets one, so that the next statements connect afresh.
-var ErrReadOnly = errors.New("connected to a read-only server (in recovery): the records cannot be written there; " +
-	"list every host in the DSN with target_session_attrs=read-write (host=a,b ... target_session_attrs=read-write, " +
-	"or postgres://a,b/db?target_session_attrs=read-write) so that connections go to the primary; the pool reconnects")
+// a store connected to a server that refuses writes: a standby, a
+// primary demoted by a failover, or a primary whose database or role
+// defaults to read-only transactions (default_transaction_read_only,
+// which target_session_attrs=read-write skips as it skips a standby). A
+// refused statement does not say which, so the error names both. The
+// store drops the pool's connections when it meets one, so that the next
+// statements connect afresh.
+var ErrReadOnly = errors.New("connected to a read-only server: the records cannot be written there; " +
+	"a standby (in recovery, or an old primary after a failover): list every host in the DSN with target_session_attrs=read-write " +
+	"(host=a,b ... target_session_attrs=read-write, or postgres://a,b/db?target_session_attrs=read-write) so that connections go to the primary; " +
+	"a primary whose database or role sets default_transaction_read_only on: turn it off; the pool reconnects")
 
 // durabilitySQL reads the facts in one statement. Both arrays come from
 // one scan of pg_stat_replication, in the same order.

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
@@ -166,5 +168,45 @@ func TestFailover(t *testing.T) {
 		if _, err := s.Reserve(ctx, key("after rebase"), fpA, time.Minute); err != nil {
 			t.Errorf("reserve with the old primary back as a standby: %v", err)
 		}
+	})
+}
+
+// TestAPrimaryThatDefaultsToReadOnlyIsNamedAsSuch: a primary whose
+// database defaults to read-only transactions (default_transaction_read_only
+// on, as an operator sets to freeze writes, or a disk-full guard does)
+// refuses the store's writes as a standby does, and the store treats it
+// as an outage; but the error says what it is, not that the server is in
+// recovery (target_session_attrs=read-write would skip this server, not
+// fix it). Once the database takes writes again, the store recovers
+// without a restart.
+func TestAPrimaryThatDefaultsToReadOnlyIsNamedAsSuch(t *testing.T) {
+	dsn := pgtest.Require(t)
+	dbDSN, name := pgtest.Database(t, dsn)
+	db := pgx.Identifier{name}.Sanitize()
+	pgtest.Exec(t, dsn, `ALTER DATABASE `+db+` SET default_transaction_read_only = on`)
+	s := failoverStore(t, dbDSN)
+	ctx := context.Background()
+	key := storage.Key{Scope: "read-only", ID: "k"}
+
+	d, err := s.Facts(ctx)
+	if !errors.Is(err, postgres.ErrReadOnly) || !storage.Unavailable(err) {
+		t.Fatalf("facts: %v; want ErrReadOnly, unavailable", err)
+	}
+	if d.InRecovery || !d.DefaultTransactionReadOnly {
+		t.Errorf("facts %+v; want a primary defaulting to read-only", d)
+	}
+	for _, e := range []error{err, func() error { _, err := s.Reserve(ctx, key, fpA, time.Minute); return err }()} {
+		if !errors.Is(e, postgres.ErrReadOnly) || !storage.Unavailable(e) {
+			t.Errorf("%v; want ErrReadOnly, unavailable", e)
+		}
+		if msg := e.Error(); strings.Contains(msg, "(in recovery)") || !strings.Contains(msg, "default_transaction_read_only") {
+			t.Errorf("%s; want it to name default_transaction_read_only, not recovery", msg)
+		}
+	}
+
+	pgtest.Exec(t, dsn, `ALTER DATABASE `+db+` SET default_transaction_read_only = off`)
+	testutil.Eventually(t, 10*time.Second, "a reservation once the database takes writes again", func() bool {
+		_, err := s.Reserve(ctx, key, fpA, time.Minute)
+		return err == nil
 	})
 }

@@ -153,9 +153,16 @@ func TestDurabilityWaitsForTheReplica(t *testing.T) {
 	})
 
 	t.Run("Facts", func(t *testing.T) {
+		// Fewer replicas connected than the option asks for: the facts
+		// come with the error the start-up line warns with, unavailable
+		// (every reservation will fail as a store error) unless it is
+		// proceed (every reservation runs unreplicated).
 		d, err := s.Durability(t.Context())
-		if err != nil {
-			t.Fatal(err)
+		if !storage.Unavailable(err) || !strings.Contains(fmt.Sprint(err), primary.Addr+" has 0 connected replicas, fewer than durability replicas 1") {
+			t.Fatalf("facts without the replica: %v; want an unavailable error naming the shortfall", err)
+		}
+		if _, err := sProceed.Durability(t.Context()); err == nil || storage.Unavailable(err) || !strings.Contains(err.Error(), "on_timeout proceed") {
+			t.Fatalf("facts without the replica, proceed: %v; want an error that is not unavailable", err)
 		}
 		f := d.(DurabilityFacts)
 		if f.Option["replicas"] != 1 || f.Option["on_timeout"] != "fail" || f.Option["timeout"] != "1s" || f.Option["command"] != "WAIT" {

@@ -2,7 +2,10 @@ package redis
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -59,7 +62,7 @@ func (s *Store) Durability(ctx context.Context) (any, error) {
 	cc, ok := s.client.(*goredis.ClusterClient)
 	if !ok {
 		out.Nodes = append(out.Nodes, s.nodeFacts(ctx, s.client))
-		return out, nil
+		return out, s.shortOfReplicas(out.Nodes)
 	}
 	var mu sync.Mutex
 	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
@@ -74,7 +77,33 @@ func (s *Store) Durability(ctx context.Context) (any, error) {
 			AppendFsync: unknown, MinReplicasToWrite: unknown, Version: unknown, Error: s.classify(err).Error()})
 	}
 	slices.SortFunc(out.Nodes, func(a, b NodeFacts) int { return strings.Compare(a.Addr, b.Addr) })
-	return out, nil
+	return out, s.shortOfReplicas(out.Nodes)
+}
+
+// shortOfReplicas says which primaries have fewer replicas connected than
+// the durability option waits for (nil when none, or when a node would
+// not tell): their reservations all wait out the timeout, then fail as
+// store errors (wrapping storage.ErrUnavailable, as Reserve's do) or,
+// with Proceed, run unreplicated. The start-up line warns with it.
+func (s *Store) shortOfReplicas(nodes []NodeFacts) error {
+	if s.durability.Replicas <= 0 {
+		return nil
+	}
+	var short []string
+	for _, n := range nodes {
+		if c, err := strconv.Atoi(n.ConnectedReplicas); err == nil && c < s.durability.Replicas {
+			short = append(short, fmt.Sprintf("%s has %d connected replicas", n.Addr, c))
+		}
+	}
+	if len(short) == 0 {
+		return nil
+	}
+	what := fmt.Sprintf("%s, fewer than durability replicas %d: each reservation waits %v for them", strings.Join(short, ", "),
+		s.durability.Replicas, s.durability.timeout())
+	if s.durability.Proceed {
+		return fmt.Errorf("redis durability: %s, then runs unreplicated (on_timeout proceed)", what)
+	}
+	return fmt.Errorf("redis durability: %w: %w: %s, then fails as a store error (on_timeout fail)", storage.ErrUnavailable, ErrNotReplicated, what)
 }
 
 // nodeFacts asks one node.
@@ -83,6 +112,15 @@ func (s *Store) nodeFacts(ctx context.Context, c goredis.UniversalClient) NodeFa
 		AppendFsync: unknown, MinReplicasToWrite: unknown, Version: unknown}
 	if n, ok := c.(*goredis.Client); ok {
 		f.Addr = n.Options().Addr
+	}
+	if _, _, err := net.SplitHostPort(f.Addr); err != nil && !strings.HasPrefix(f.Addr, "/") {
+		// Not an address: a Sentinel client's Options say
+		// "FailoverClient", and the primary it follows changes. The
+		// server says which address the connection reached.
+		f.Addr = unknown
+		if ci, err := c.ClientInfo(ctx).Result(); err == nil && ci.LAddr != "" {
+			f.Addr = ci.LAddr
+		}
 	}
 	if info, err := c.Info(ctx, "replication").Result(); err == nil {
 		f.Role = cmpUnknown(infoField(info, "role"))

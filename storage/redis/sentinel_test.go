@@ -46,6 +46,17 @@ func TestSentinel(t *testing.T) {
 
 	t.Run("Suite", func(t *testing.T) { storagetest.Run(t, s) })
 
+	t.Run("FactsNameThePrimary", func(t *testing.T) {
+		d, err := s.Durability(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := d.(DurabilityFacts).Nodes
+		if len(n) != 1 || n[0].Addr != sentinel.Primary.Addr || n[0].Role != "master" {
+			t.Fatalf("nodes %+v, want the primary at %s", n, sentinel.Primary.Addr)
+		}
+	})
+
 	t.Run("WrongSentinelPassword", func(t *testing.T) {
 		bad := New(goredis.NewFailoverClient(&goredis.FailoverOptions{
 			MasterName:    sentinel.MasterName,
