@@ -157,6 +157,7 @@ func records(h *Handler) int {
 // would have: h's keeper observes it, and aftercare writes to it.
 func (h *Handler) useStore(store storage.Store) {
 	h.keeper = newKeeper(observe(store, h.backendName, h.keeper.store.holder), time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger)
+	h.keeper.runShort = h.policy.onStorageError == failOpen
 }
 
 // rawStore is the store h's requests talk to, unobserved (nil before

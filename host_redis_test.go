@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
@@ -98,5 +99,30 @@ func TestRedisSentinelFromConfig(t *testing.T) {
 	}
 	if up.calls.Load() != 1 {
 		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	}
+}
+
+// TestFailOpenRunsOnAShortReservation: with durability replicas 1 on a
+// primary that has no replica, every reservation falls short. fail_open
+// then runs the request on the reservation the primary holds (as
+// on_timeout proceed does) rather than passing it on without
+// idempotency, where every request of a key would run: 50 requests with
+// one key at once run the upstream once.
+func TestFailOpenRunsOnAShortReservation(t *testing.T) {
+	srv := redistest.StartServer(t)
+	h := onRedis(t, &Handler{OnStorageError: "fail_open"}, srv.Addr, `,"durability":{"replicas":1,"timeout":"100ms"}`)
+	up := slowUpstream(300 * time.Millisecond)
+	responses := fire(h, up, 50, "short-of-replicas", `{"amount":10}`)
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("the upstream ran %d times for 50 requests with one key, want once", n)
+	}
+	for _, r := range responses {
+		if r.code != http.StatusCreated && r.code != http.StatusConflict {
+			t.Fatalf("status %d, want 201 or 409", r.code)
+		}
+	}
+	// A later retry is a replay.
+	if w := serve(h, up, request("short-of-replicas", `{"amount":10}`)); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || up.calls.Load() != 1 {
+		t.Fatalf("retry: %d replayed=%q, upstream ran %d times", w.Code, w.Header().Get("Idempotent-Replayed"), up.calls.Load())
 	}
 }

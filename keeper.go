@@ -21,6 +21,10 @@ type keeper struct {
 	ttl         time.Duration
 	logger      *zap.Logger
 	aftercare   *aftercare
+
+	// runShort: a reservation that fewer replicas acknowledged than the
+	// store waits for runs (on_storage_error fail_open), see claim.
+	runShort bool
 }
 
 // newKeeper is the keeper of a handler's requests on store: leases of
@@ -42,6 +46,14 @@ func (k *keeper) claim(ctx context.Context, key storage.Key, fp []byte) (storage
 	res, err := k.store.Reserve(ctx, key, fp, k.lockTimeout)
 	if err == nil && res.Outcome == storage.Conflict && k.aftercare.reclaim(key) {
 		res, err = k.store.Reserve(ctx, key, fp, k.lockTimeout)
+	}
+	if err != nil && k.runShort && errors.Is(err, storage.ErrNotReplicated) && res.Outcome == storage.Acquired && res.Token != 0 {
+		// fail_open would pass the request on without idempotency, and
+		// every retry would run again; run it on the reservation the
+		// primary holds instead, as on_timeout proceed does: as
+		// available, and its key still runs once there. (The store
+		// counts and logs the shortfall.)
+		return res, nil
 	}
 	if err != nil {
 		k.abandon(key, res.Token, err)

@@ -454,6 +454,7 @@ func (h *Handler) loadStorage(ctx caddy.Context) error {
 	}
 	holder, _ := b.(backend.Holder)
 	h.keeper = newKeeper(observe(store, name, holder), time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger)
+	h.keeper.runShort = h.policy.onStorageError == failOpen
 	return nil
 }
 

@@ -62,6 +62,16 @@ var (
 	// may be made again; the store answered, so it is not unavailable,
 	// and other keys are not affected.
 	ErrBusy = errors.New("idempotency record is locked by another transaction")
+
+	// ErrNotReplicated is wrapped, with ErrUnavailable, by the error of a
+	// Reserve whose reservation was written on the primary but fewer of
+	// its replicas than the store was told to wait for acknowledged it in
+	// time (a store's durability option). Such a Reserve returns the
+	// reservation's token, and its Outcome says what the primary holds:
+	// a caller that would go on without the store (fail_open) may run on
+	// the reservation instead, which still keeps its key to one run on
+	// the primary; otherwise it releases it, as after any failed Reserve.
+	ErrNotReplicated = errors.New("too few replicas acknowledged the write in time")
 )
 
 // Unavailable reports whether err means that the store could not be

@@ -25,11 +25,11 @@ package redis
 // docs/storage-redis.md).
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
 // DefaultDurabilityTimeout is how long WAIT blocks when
@@ -38,8 +38,9 @@ const DefaultDurabilityTimeout = time.Second
 
 // ErrNotReplicated is wrapped, with storage.ErrUnavailable, by the error
 // of a Reserve whose reservation fewer replicas than Durability.Replicas
-// acknowledged within Durability.Timeout, when Durability.Proceed is off.
-var ErrNotReplicated = errors.New("too few replicas acknowledged the write in time")
+// acknowledged within Durability.Timeout, when Durability.Proceed is off
+// (storage.ErrNotReplicated, under this package's name).
+var ErrNotReplicated = storage.ErrNotReplicated
 
 // Durability makes reservations and completions wait until replicas
 // acknowledged them (WAIT).

@@ -355,3 +355,55 @@ func TestDurabilityOnCluster(t *testing.T) {
 		}
 	})
 }
+
+// TestProceedProceedsWhileReplicasAreShort: with too few replicas every
+// WAIT blocks for its whole timeout, and on_timeout proceed must still
+// proceed, within the store's timeout: after a script flush (NOSCRIPT,
+// then EVAL with a WAIT of its own, which gets only what is left of the
+// first one's time), and for many reservations at once (a batch whose WAIT
+// blocks holds no pipeline worker, so the calls behind it are not queued
+// past their timeout).
+func TestProceedProceedsWhileReplicasAreShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a primary")
+	}
+	primary := redistest.StartServer(t)
+	var shortfallCount atomic.Int64
+	// Two whole WAITs (3s) would be past the store's timeout; one is 1s
+	// short of it.
+	s := newTestStore(t, primary.Addr, Options{KeyPrefix: testPrefix(), Timeout: 2500 * time.Millisecond, Durability: Durability{
+		Replicas: 1, Timeout: 1500 * time.Millisecond, Proceed: true,
+		OnShortfall: func(string, int) { shortfallCount.Add(1) }}})
+	admin := goredis.NewClient(&goredis.Options{Addr: primary.Addr})
+	defer admin.Close()
+
+	if err := admin.ScriptFlush(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	key := storage.Key{Scope: "s", ID: "after-flush-" + redistest.RandomHex(4)}
+	if res, err := s.Reserve(t.Context(), key, fp, time.Minute); err != nil || res.Outcome != storage.Acquired {
+		t.Fatalf("Reserve after a script flush: %v, %v; want Acquired (on_timeout proceed)", res.Outcome, err)
+	}
+
+	const n = 100
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	for i := range n {
+		wg.Go(func() {
+			key := storage.Key{Scope: "s", ID: fmt.Sprintf("many-%d-%s", i, redistest.RandomHex(4))}
+			res, err := s.Reserve(t.Context(), key, fp, time.Minute)
+			if err != nil || res.Outcome != storage.Acquired {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, fmt.Sprintf("%v, %v", res.Outcome, err))
+			}
+		})
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		t.Fatalf("%d of %d concurrent reservations did not proceed (first: %v)", f, n, firstErr.Load())
+	}
+	if got := shortfallCount.Load(); got != n+1 {
+		t.Fatalf("%d shortfalls counted, want %d", got, n+1)
+	}
+}

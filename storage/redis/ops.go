@@ -64,9 +64,10 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 	}
 	if res.Outcome == storage.Acquired && s.durability.shortfall("reserve", acked) && !s.durability.Proceed {
 		// The reservation is on the primary only, as far as anyone
-		// knows: the upstream must not run on it. The caller releases
-		// it with the token, as after any failed Reserve.
-		return storage.Reservation{Token: tok}, fmt.Errorf("redis reserve: %w: %w", storage.ErrUnavailable, s.durability.notReplicated(acked))
+		// knows: the upstream runs on it only for a caller that would
+		// otherwise go on without the store (storage.ErrNotReplicated);
+		// others release it with the token, as after any failed Reserve.
+		return storage.Reservation{Outcome: storage.Acquired, Token: tok}, fmt.Errorf("redis reserve: %w: %w", storage.ErrUnavailable, s.durability.notReplicated(acked))
 	}
 	return res, nil
 }

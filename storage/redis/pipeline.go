@@ -25,6 +25,9 @@ type pipeliner struct {
 	queue  chan *call
 	stop   chan struct{}
 	wg     sync.WaitGroup
+	// waiting are the batches sent with a WAIT, each on a goroutine of
+	// its own (see work).
+	waiting sync.WaitGroup
 
 	// closing guards the queue: no call is queued once close has begun,
 	// so none is left behind unanswered.
@@ -138,6 +141,15 @@ func (p *pipeliner) work() {
 				break drain
 			}
 		}
+		if p.wait.Replicas > 0 && slices.ContainsFunc(batch, func(c *call) bool { return c.durable }) {
+			// Its WAIT may block for the whole durability timeout (too
+			// few replicas): a worker held that long would leave the
+			// calls queued behind it to reach the store's timeout before
+			// their own WAIT is out.
+			own := slices.Clone(batch)
+			p.waiting.Go(func() { p.flush(own) })
+			continue
+		}
 		p.flush(batch)
 	}
 }
@@ -210,14 +222,18 @@ func (p *pipeliner) send(ctx context.Context, newPipe func() goredis.Pipeliner, 
 	for i, c := range batch {
 		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
-	waitCmd := p.waitCmd(ctx, pipe, wait)
+	sent := time.Now()
+	waitCmd := p.waitCmd(ctx, pipe, wait, p.wait.timeout())
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	// The script cache was flushed (or a failover happened): the
 	// commands that met NOSCRIPT go again as EVAL, which loads the
 	// script again, together in one more pipeline rather than one round
 	// trip each (on a Redis 30 ms away, a batch of a hundred would
 	// otherwise take six seconds). That pipeline has a WAIT of its own,
-	// for the writes of its connection.
+	// for the writes of its connection, with what is left of the first
+	// one's time: with too few replicas, the first one took all of it,
+	// and two whole WAITs would take the operation past the store's
+	// timeout, where on_timeout proceed cannot proceed.
 	waits := make([]*goredis.Cmd, len(batch))
 	var again goredis.Pipeliner
 	for i, c := range batch {
@@ -231,7 +247,7 @@ func (p *pipeliner) send(ctx context.Context, newPipe func() goredis.Pipeliner, 
 		}
 	}
 	if again != nil {
-		againWait := p.waitCmd(ctx, again, wait)
+		againWait := p.waitCmd(ctx, again, wait, max(time.Millisecond, p.wait.timeout()-time.Since(sent)))
 		_, _ = again.Exec(ctx)
 		for i := range waits {
 			if waits[i] == nil {
@@ -251,12 +267,14 @@ func (p *pipeliner) send(ctx context.Context, newPipe func() goredis.Pipeliner, 
 	}
 }
 
-// waitCmd queues WAIT on pipe when wait is set; nil otherwise.
-func (p *pipeliner) waitCmd(ctx context.Context, pipe goredis.Pipeliner, wait bool) *goredis.Cmd {
+// waitCmd queues WAIT on pipe, for at most timeout (0 would block for
+// ever: callers give at least a millisecond), when wait is set; nil
+// otherwise.
+func (p *pipeliner) waitCmd(ctx context.Context, pipe goredis.Pipeliner, wait bool, timeout time.Duration) *goredis.Cmd {
 	if !wait {
 		return nil
 	}
-	return pipe.Do(ctx, "WAIT", p.wait.Replicas, p.wait.timeout().Milliseconds())
+	return pipe.Do(ctx, "WAIT", p.wait.Replicas, max(1, timeout.Milliseconds()))
 }
 
 // isMoved reports whether err is a Cluster redirection.
@@ -293,6 +311,7 @@ func (p *pipeliner) close() {
 	p.closing.Unlock()
 	close(p.stop)
 	p.wg.Wait()
+	p.waiting.Wait()
 	for {
 		select {
 		case c := <-p.queue:
