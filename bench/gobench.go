@@ -43,6 +43,7 @@ type goBench struct {
 var (
 	benchLine = regexp.MustCompile(`^(Benchmark\w+)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op.*?\s([\d.]+) B/op\s+([\d.]+) allocs/op`)
 	cpuField  = regexp.MustCompile(`\s([\d.]+) cpu-ns/op`)
+	logLine   = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[.\d]*Z\t(?:DEBUG|INFO|WARN|ERROR)\t[^\n]*\n`)
 )
 
 // goBenchRuns runs the benchmarks o.goCount times each and reports them.
@@ -57,6 +58,10 @@ func goBenchRuns(o options) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// The stores' log lines interrupt a benchmark's result line (its name
+	// is printed before it runs, its figures after): without them, each
+	// result is one line again.
+	out = logLine.ReplaceAllString(out, "")
 	runs := map[string][]goBench{}
 	for line := range strings.SplitSeq(out, "\n") {
 		m := benchLine.FindStringSubmatch(line)

@@ -25,9 +25,6 @@ type pipeliner struct {
 	queue  chan *call
 	stop   chan struct{}
 	wg     sync.WaitGroup
-	// waiting are the batches sent with a WAIT, each on a goroutine of
-	// its own (see work).
-	waiting sync.WaitGroup
 
 	// closing guards the queue: no call is queued once close has begun,
 	// so none is left behind unanswered.
@@ -145,10 +142,12 @@ func (p *pipeliner) work() {
 			// Its WAIT may block for the whole durability timeout (too
 			// few replicas): a worker held that long would leave the
 			// calls queued behind it to reach the store's timeout before
-			// their own WAIT is out.
-			own := slices.Clone(batch)
-			p.waiting.Go(func() { p.flush(own) })
-			continue
+			// their own WAIT is out. A new worker takes this one's place
+			// (off the batch's path), and this one ends with its batch.
+			p.wg.Add(1)
+			go p.work()
+			p.flush(batch)
+			return
 		}
 		p.flush(batch)
 	}
@@ -311,7 +310,6 @@ func (p *pipeliner) close() {
 	p.closing.Unlock()
 	close(p.stop)
 	p.wg.Wait()
-	p.waiting.Wait()
 	for {
 		select {
 		case c := <-p.queue:
