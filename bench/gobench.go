@@ -111,7 +111,7 @@ func goBenchReport(o options, med map[string]goBench) string {
 			verdict = fmt.Sprintf("%s: %s over", metOrMissed(over <= g.ns), us(over))
 		case g.ns > 0:
 			target = fmt.Sprintf("<= %s and %.0f allocations", us(g.ns), g.allocs)
-			verdict = metOrMissed(m.cpu-setup.cpu <= g.ns && m.allocs-setup.allocs <= g.allocs)
+			verdict = fmt.Sprintf("CPU %s, allocations %s", metOrMissed(m.cpu-setup.cpu <= g.ns), metOrMissed(m.allocs-setup.allocs <= g.allocs))
 		}
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %.0f | %.0f | %.0f | %s | %s | %s |\n", g.name, g.what, us(m.cpu), m.ns, m.allocs, m.bytes, own, target, verdict)
 	}
