@@ -193,9 +193,9 @@ func TestAdminErrorsAreCaddyAPIErrors(t *testing.T) {
 	}
 }
 
-func TestAdminListsLiveStores(t *testing.T) {
-	h := isolated(t, &Handler{})
-	id := storeID(t, h)
+// listStores is GET /idempotency/stores's answer.
+func listStores(t *testing.T) []storeInfo {
+	t.Helper()
 	var a adminAPI
 	w := httptest.NewRecorder()
 	if err := a.handleStores(w, httptest.NewRequest(http.MethodGet, "/idempotency/stores", nil)); err != nil {
@@ -205,6 +205,13 @@ func TestAdminListsLiveStores(t *testing.T) {
 	if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
 		t.Fatal(err)
 	}
+	return list
+}
+
+func TestAdminListsLiveStores(t *testing.T) {
+	h := isolated(t, &Handler{})
+	id := storeID(t, h)
+	list := listStores(t)
 	for _, s := range list {
 		if s.ID == id && s.Backend == "memory" && s.Handlers >= 1 {
 			return
@@ -432,21 +439,13 @@ func TestAdminStoresSayWhenTheirDurabilityFactsWereTaken(t *testing.T) {
 	srv := redistest.StartServer(t)
 	h := provision(t, &Handler{StorageRaw: json.RawMessage(fmt.Sprintf(`{"backend":"redis","url":"redis://%s/0","timeout":"200ms"}`, srv.Addr))})
 	stores := func() storeInfo {
-		var a adminAPI
-		w := httptest.NewRecorder()
-		if err := a.handleStores(w, httptest.NewRequest(http.MethodGet, "/idempotency/stores", nil)); err != nil {
-			t.Fatal(err)
-		}
-		var list []storeInfo
-		if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
-			t.Fatal(err)
-		}
+		list := listStores(t)
 		for _, s := range list {
 			if s.ID == storeID(t, h) {
 				return s
 			}
 		}
-		t.Fatalf("store %s not listed: %s", storeID(t, h), w.Body)
+		t.Fatalf("store %s not listed: %+v", storeID(t, h), list)
 		return storeInfo{}
 	}
 	up := stores()
