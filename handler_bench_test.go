@@ -130,27 +130,14 @@ func benchRequest(key string, body []byte, w http.ResponseWriter) *http.Request 
 }
 
 func BenchmarkNewKey(b *testing.B) {
-	h := benchHandler(b)
-	benchNewKeys(b, h)
+	benchNewKeys(b, benchHandler(b), false)
 }
 
 // BenchmarkNewKeyNewBody is BenchmarkNewKey with a body of its own for
 // every key (an amount changes), as new operations mostly have: no
 // request's fingerprint is remembered from one before.
 func BenchmarkNewKeyNewBody(b *testing.B) {
-	h := benchHandler(b)
-	next := nopNext()
-	body := benchJSON()
-	b.ReportAllocs()
-	defer cpuPerOp(b)()
-	b.SetBytes(int64(len(body)))
-	i := 0
-	for b.Loop() {
-		w := &discardWriter{h: http.Header{}}
-		i++
-		body := append(append(strconv.AppendInt(append(body[:0:0], `{"amount":`...), int64(i), 10), ','), body[1:]...)
-		serveCreated(b, h, w, benchRequest("new-"+strconv.Itoa(i), body, w), next)
-	}
+	benchNewKeys(b, benchHandler(b), true)
 }
 
 func BenchmarkReplay(b *testing.B) {
@@ -232,7 +219,7 @@ func BenchmarkPostgresNewKey(b *testing.B) {
 	dsn := pgtest.Require(b)
 	table := pgtest.Table(b, dsn)
 	h := storeBenchHandler(b, map[string]any{"backend": "postgres", "dsn": dsn, "table": table, "max_conns": 8})
-	benchNewKeys(b, h)
+	benchNewKeys(b, h, false)
 }
 
 // BenchmarkRequestSetup is the cost of building a request in the
@@ -247,8 +234,9 @@ func BenchmarkRequestSetup(b *testing.B) {
 	}
 }
 
-// benchNewKeys serves h a new key per iteration, the same body each time.
-func benchNewKeys(b *testing.B, h *Handler) {
+// benchNewKeys serves h a new key per iteration, with the same body each
+// time or (newBodies) a body of its own.
+func benchNewKeys(b *testing.B, h *Handler, newBodies bool) {
 	body := benchJSON()
 	next := nopNext()
 	b.ReportAllocs()
@@ -258,6 +246,10 @@ func benchNewKeys(b *testing.B, h *Handler) {
 	for b.Loop() {
 		w := &discardWriter{h: http.Header{}}
 		i++
-		serveCreated(b, h, w, benchRequest("new-"+strconv.Itoa(i), body, w), next)
+		sent := body
+		if newBodies {
+			sent = append(append(strconv.AppendInt(append(body[:0:0], `{"amount":`...), int64(i), 10), ','), body[1:]...)
+		}
+		serveCreated(b, h, w, benchRequest("new-"+strconv.Itoa(i), sent, w), next)
 	}
 }
