@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -122,41 +123,23 @@ type Config struct {
 
 // effective returns p with the defaults filled in.
 func (p Policy) effective() Policy {
-	if p.InFlight == "" {
-		p.InFlight = "wait"
-	}
-	if p.TTL == 0 {
-		p.TTL = defaultTTL
-	}
-	if p.LockTimeout == 0 {
-		p.LockTimeout = defaultLockTimeout
-	}
-	if p.WaitTimeout == 0 {
-		p.WaitTimeout = defaultWaitTimeout
-	}
+	p.InFlight = cmp.Or(p.InFlight, "wait")
+	p.TTL = cmp.Or(p.TTL, defaultTTL)
+	p.LockTimeout = cmp.Or(p.LockTimeout, defaultLockTimeout)
+	p.WaitTimeout = cmp.Or(p.WaitTimeout, defaultWaitTimeout)
+	p.Header = cmp.Or(p.Header, "Idempotency-Key")
+	p.MaxKeyLength = cmp.Or(p.MaxKeyLength, defaultMaxKeyLen)
+	p.MaxBodySize = cmp.Or(p.MaxBodySize, defaultMaxBody)
+	p.MaxResponseSize = cmp.Or(p.MaxResponseSize, defaultMaxResponse)
+	p.ReplayHeader = cmp.Or(p.ReplayHeader, "Idempotent-Replayed")
 	if len(p.Methods) == 0 {
 		p.Methods = []string{"POST", "PATCH"}
-	}
-	if p.Header == "" {
-		p.Header = "Idempotency-Key"
-	}
-	if p.MaxKeyLength == 0 {
-		p.MaxKeyLength = defaultMaxKeyLen
-	}
-	if p.MaxBodySize == 0 {
-		p.MaxBodySize = defaultMaxBody
-	}
-	if p.MaxResponseSize == 0 {
-		p.MaxResponseSize = defaultMaxResponse
 	}
 	if len(p.FPHeaders) == 0 {
 		p.FPHeaders = []string{"Content-Type"}
 	}
 	if len(p.ReleaseOn) == 0 {
 		p.ReleaseOn = defaultReleaseOn
-	}
-	if p.ReplayHeader == "" {
-		p.ReplayHeader = "Idempotent-Replayed"
 	}
 	return p
 }
