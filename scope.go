@@ -107,7 +107,7 @@ func (t *scopeTemplate) appendScope(b []byte, repl *caddy.Replacer, r *http.Requ
 	b = append(b, t.texts[0]...)
 	blank := t.blankText
 	for i, key := range t.keys {
-		s, ok := t.direct[i].read(r)
+		s, ok := t.direct[i].read(r, repl)
 		if !ok {
 			v, _ := repl.Get(key)
 			s = caddy.ToString(v)

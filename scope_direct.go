@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // directValue reads a scope placeholder of the request's host or of one
@@ -34,18 +36,29 @@ func directValueOf(key string) directValue {
 }
 
 // read returns the value, and false when it must come from the replacer.
-func (d directValue) read(r *http.Request) (string, bool) {
+//
+// The host is the Host of the request the replacer is bound to, which is
+// not always r's: Caddy's tracing, forward_auth (and other handle_response
+// routes) and handle_errors pass on a shallow copy of the request, and a
+// request_header Host after them changes the copy's Host only. The
+// replacer's {http.request.hostport} is that request's Host as it is; only
+// the split is done here, without the error SplitHostPort allocates for a
+// host without a port. (Headers need no such care: a shallow copy shares
+// the header map.)
+func (d directValue) read(r *http.Request, repl *caddy.Replacer) (string, bool) {
 	if r == nil {
 		return "", false
 	}
 	switch d.kind {
 	case directHost:
-		if strings.IndexByte(r.Host, ':') < 0 {
-			return r.Host, true // what SplitHostPort's error leaves
+		v, _ := repl.Get("http.request.hostport")
+		hostport := caddy.ToString(v)
+		if strings.IndexByte(hostport, ':') < 0 {
+			return hostport, true // what SplitHostPort's error leaves
 		}
-		host, _, err := net.SplitHostPort(r.Host)
+		host, _, err := net.SplitHostPort(hostport)
 		if err != nil {
-			return r.Host, true
+			return hostport, true
 		}
 		return host, true
 	case directHeader:

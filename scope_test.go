@@ -1,14 +1,17 @@
 package idempotency
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 )
 
 // evalScope evaluates template for a request with the given headers.
@@ -128,6 +131,39 @@ func TestDirectScopeValuesAreTheReplacers(t *testing.T) {
 				if string(direct) != string(viaReplacer) || okD != okR {
 					t.Errorf("template %q, host %q, values %q: direct %q (%v), replacer %q (%v)", template, host, values, direct, okD, viaReplacer, okR)
 				}
+			}
+		}
+	}
+}
+
+// The replacer reads the request Caddy bound it to when the request
+// arrived; the handler gets the request as the handlers before it passed
+// it on. Caddy's tracing, forward_auth (its handle_response routes) and
+// handle_errors pass on a shallow copy (r.WithContext), and a
+// request_header Host after one of them changes the copy's Host, not the
+// bound request's: {http.request.host} is still the client's host, and
+// so must the scope be (it separates the clients of a template such as
+// "{http.request.host}": tenant-a's key must never replay tenant-b's
+// answer).
+func TestDirectScopeHostIsTheReplacersAfterARequestCopy(t *testing.T) {
+	for _, template := range []string{defaultScope, "{http.request.host}"} {
+		st, err := newScopeTemplate(template)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, host := range []string{"tenant-a.example", "tenant-a.example:8443", "[::1]:443"} {
+			r := httptest.NewRequest("POST", "http://placeholder/orders", nil)
+			r.Host = host
+			r.Header.Set("Authorization", "Bearer a")
+			repl := caddy.NewReplacer()
+			r = caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), nil)
+			// tracing, then request_header Host internal.example
+			c := r.WithContext(context.WithValue(r.Context(), detachKey{}, "traced"))
+			headers.HeaderOps{Set: http.Header{"Host": {"internal.example"}}}.ApplyToRequest(c)
+			viaReplacer, _ := st.appendScope(nil, repl, nil)
+			direct, _ := st.appendScope(nil, repl, c)
+			if string(direct) != string(viaReplacer) {
+				t.Errorf("template %q, host %q: direct scope %q, the replacer's %q", template, host, direct, viaReplacer)
 			}
 		}
 	}

@@ -82,3 +82,28 @@ func TestScopeValuesThatJoinToTheSameStringAreTwoClients(t *testing.T) {
 		})
 	}
 }
+
+// A scope of the host keeps the clients of two hosts apart when the
+// request's Host is rewritten after Caddy's tracing (which passes a copy of
+// the request on): {http.request.host} is still the client's host there,
+// and a key of tenant-b must never replay tenant-a's answer.
+func TestHostScopeAfterTracingAndARewrittenHostKeepsTheHostsApart(t *testing.T) {
+	up := newUpstream(t)
+	inst := startCaddy(t, "caddy", site{routes: "\troute {\n" +
+		"\t\ttracing {\n\t\t\tspan idempotency\n\t\t}\n" +
+		"\t\trequest_header Host internal.example\n" +
+		"\t\tidempotency {\n\t\t\tstorage memory\n\t\t\tscope {http.request.host}\n\t\t}\n" +
+		"\t\treverse_proxy " + up.Addr + "\n\t}\n"})
+	const key, body = "same-key-two-hosts", `{"amount":10}`
+	if r := post(inst.URL(), "/orders", key, body, "Host", "tenant-a.example"); !r.isNew() || r.execution() != 1 {
+		t.Fatalf("tenant-a: %s", describe(r))
+	}
+	r := post(inst.URL(), "/orders", key, body, "Host", "tenant-b.example")
+	if !r.isNew() || r.execution() != 2 {
+		t.Fatalf("tenant-b with tenant-a's key: %s, want its own execution, never tenant-a's response", describe(r))
+	}
+	if r := post(inst.URL(), "/orders", key, body, "Host", "tenant-a.example"); !r.isReplayOf(1) {
+		t.Fatalf("tenant-a again: %s, want its own response", describe(r))
+	}
+	assertExecutions(t, up, key, 2)
+}
