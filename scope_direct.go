@@ -44,7 +44,11 @@ func directValueOf(key string) directValue {
 // replacer's {http.request.hostport} is that request's Host as it is; only
 // the split is done here, without the error SplitHostPort allocates for a
 // host without a port. (Headers need no such care: a shallow copy shares
-// the header map.)
+// the header map. They differ from the replacer's only after a handler
+// that passes on a deep copy, r.Clone, and then changes the header, or a
+// module that repl.Sets an http.request.header placeholder: Caddy's own
+// handlers do neither, and the header as it reaches this handler is the
+// client's identity it acts on.)
 func (d directValue) read(r *http.Request, repl *caddy.Replacer) (string, bool) {
 	if r == nil {
 		return "", false
