@@ -69,9 +69,10 @@ func redisFacts(t *testing.T, inst *caddyproc.Instance) []storeFacts {
 // replays as without the option, and GET /idempotency/stores shows the
 // option and the primary's replica. With the replica killed, WAIT times
 // out: fail_closed answers 503 and never runs the upstream (the retry
-// runs it once the replica is back), fail_open passes the request on,
-// proceed runs and records it; each shortfall is counted in
-// store_durability_timeouts_total and logged.
+// runs it once the replica is back), fail_open and proceed run it on the
+// reservation the primary holds and record it (a retry is a replay);
+// each shortfall is counted in store_durability_timeouts_total and
+// logged.
 func TestRedisDurabilityWaitsForReplicas(t *testing.T) {
 	primary := redistest.StartServer(t)
 	replica := redistest.StartReplica(t, primary)
@@ -125,8 +126,11 @@ func TestRedisDurabilityWaitsForReplicas(t *testing.T) {
 	}
 
 	openKey := "no-replica-open"
-	if r := post(base, "/open/x", openKey, `{"a":1}`); r.status != 201 || r.replayed() {
-		t.Fatalf("fail_open without the replica: %s, want the upstream's answer", r)
+	if r := post(base, "/open/x", openKey, `{"a":1}`); !r.isNew() {
+		t.Fatalf("fail_open without the replica: %s, want new (run on its reservation)", r)
+	}
+	if r := post(base, "/open/x", openKey, `{"a":1}`); !r.isReplayOf(1) {
+		t.Fatalf("fail_open without the replica, again: %s, want a replay, not a second run", r)
 	}
 	assertExecutions(t, up, openKey, 1)
 
@@ -140,8 +144,8 @@ func TestRedisDurabilityWaitsForReplicas(t *testing.T) {
 	if n := durabilityTimeouts(t, inst, "reserve"); n != 3 {
 		t.Fatalf("reserve durability timeouts %d, want 3 (fail_closed, fail_open, proceed)", n)
 	}
-	if n := durabilityTimeouts(t, inst, "complete"); n != 1 {
-		t.Fatalf("complete durability timeouts %d, want 1 (proceed)", n)
+	if n := durabilityTimeouts(t, inst, "complete"); n != 2 {
+		t.Fatalf("complete durability timeouts %d, want 2 (fail_open, proceed)", n)
 	}
 	if !strings.Contains(inst.Log(), "too few Redis replicas acknowledged idempotency writes in time") {
 		t.Fatal("no log line of the durability timeouts")
