@@ -9,18 +9,12 @@ import (
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 )
 
 // runCommand runs cmd with args and returns what it printed.
-func runCommand(t *testing.T, cmd *cobra.Command, args ...string) (string, error) {
-	t.Helper()
-	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs(args)
-	err := cmd.Execute()
-	return out.String(), err
-}
+var runCommand = testutil.RunCommand
 
 // TestHashCommandGivesTheHashesTheHandlerLogs: `caddy idempotency hash`
 // with a key and a client's host and Authorization prints the key_hash

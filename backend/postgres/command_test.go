@@ -1,30 +1,21 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/spf13/cobra"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
 // runCommand runs cmd with args and returns what it printed.
-func runCommand(t *testing.T, cmd *cobra.Command, args ...string) (string, error) {
-	t.Helper()
-	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs(args)
-	err := cmd.Execute()
-	return out.String(), err
-}
+var runCommand = testutil.RunCommand
 
 // TestSchemaCommandMakesATableAStoreWorksOn runs the statements `caddy
 // idempotency schema --table t --role r` prints on a real PostgreSQL: a
