@@ -117,13 +117,13 @@ func (x *exchange) detached() context.Context {
 type settledFields struct {
 	traits  *modeTraits
 	outcome outcome
-	keyHash string
+	keyHash any // the key hash placeholder's value: made into text when logged
 }
 
 func (f *settledFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	enc.AddString(f.traits.outcomeField, string(f.outcome))
-	if f.keyHash != "" {
-		enc.AddString(f.traits.hashField, f.keyHash)
+	if kh := caddy.ToString(f.keyHash); kh != "" {
+		enc.AddString(f.traits.hashField, kh)
 	}
 	return nil
 }
@@ -140,7 +140,7 @@ func (x *exchange) settle(o outcome) {
 	}
 	m.counted(r, o)
 	traceOutcome(r.Context(), o, repl, h.backendName, m)
-	kh, _ := repl.GetString(m.keyHash)
+	kh, _ := repl.Get(m.keyHash)
 	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
 		f := &x.logged
 		if x.loggedTo {
@@ -152,9 +152,9 @@ func (x *exchange) settle(o outcome) {
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "idempotency outcome"); c != nil {
 		if x.requestID != "" {
-			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh), zap.String("request_id", x.requestID))
+			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", caddy.ToString(kh)), zap.String("request_id", x.requestID))
 		} else {
-			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh))
+			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", caddy.ToString(kh)))
 		}
 	}
 }
@@ -164,7 +164,7 @@ func (x *exchange) keyHash() string {
 	if x.k == nil {
 		return ""
 	}
-	return x.k.hash
+	return x.k.key.Hash()
 }
 
 // execute runs the next handler for the request that owns its key,

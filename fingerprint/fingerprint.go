@@ -82,7 +82,7 @@ func New(headers []string, canonicalJSON bool) *Fingerprinter {
 		ignoreKey:     ignoreKey(nil),
 	}
 	if canonicalJSON {
-		f.memo = new(sumMemo)
+		f.memo = newSumMemo()
 	}
 	for i, h := range headers {
 		f.headers[i] = textproto.CanonicalMIMEHeaderKey(h)
@@ -172,10 +172,11 @@ func (f *Fingerprinter) sumJSON(dst, canon []byte, keep bool, method, path, rawQ
 	// A JSON body seen before, byte for byte, with the same frame: its
 	// canonical sum is remembered (memo.go).
 	memo := cfg.memo != nil && cfg.canonicalJSON && DeclaresJSON(header)
-	var raw [Size]byte
+	var raw memoKey
+	prefix := len(fr)
 	if memo {
-		fr = rawDigest(st, fr, body)
-		raw = st.sum
+		raw = cfg.memo.key(st, fr, body)
+		fr = raw.framed // kept whole for put: the body's frame goes after it
 		if cfg.memo.get(&raw, &st.sum) {
 			dst = append(dst, st.sum[:]...)
 			st.frame = fr
@@ -186,11 +187,13 @@ func (f *Fingerprinter) sumJSON(dst, canon []byte, keep bool, method, path, rawQ
 	}
 
 	payload, tag := cfg.body(st, header, body)
+	tail := len(fr)
 	fr = append(fr, tag)
 	fr = binary.AppendUvarint(fr, uint64(len(payload)))
 	st.frame = fr
 
-	st.h.Write(fr)
+	st.h.Write(fr[:prefix])
+	st.h.Write(fr[tail:])
 	st.h.Write(payload)
 	// Summing into the pooled array rather than into dst keeps dst away
 	// from the hash.Hash interface, through which it would escape: callers

@@ -1,32 +1,45 @@
 package fingerprint
 
 import (
+	"bytes"
 	"encoding/binary"
+	"hash/maphash"
 	"sync"
 )
 
 // The memo of canonical sums. Canonicalising a JSON body is most of what a
 // fingerprint costs, and a retry (a replay) sends the very bytes of a
 // request seen before. So a Fingerprinter remembers, for the requests it
-// canonicalised last, the SHA-256 of their raw parts (the frame of method,
-// path, query and headers, and the body as sent) with the fingerprint it
-// computed: a request whose raw digest is remembered gets that fingerprint
-// without being parsed. The fingerprint is a function of exactly those
-// parts (the body is canonicalised only when the headers declare JSON,
-// checked before the memo is asked, and with the Fingerprinter's fixed
-// options), so the memo never changes an answer, only its cost.
+// canonicalised last, their raw parts (the frame of method, path, query
+// and headers, and the body as sent) with the fingerprint it computed: a
+// request whose raw parts are remembered gets that fingerprint without
+// being parsed. The fingerprint is a function of exactly those parts (the
+// body is canonicalised only when the headers declare JSON, checked before
+// the memo is asked, and with the Fingerprinter's fixed options), so the
+// memo never changes an answer, only its cost.
+//
+// Raw parts of at most memoRawMax bytes are kept as they are and found by
+// a maphash of them (seeded per memo), then compared byte for byte: a
+// SHA-256 pass over a 1 KiB body costs more than the rest of a memory
+// replay's hashing together. Larger ones are kept as their SHA-256, whose
+// pass is small next to canonicalising them, so that the memo never keeps
+// more than memoShards × memoSlots × memoRawMax bytes of requests.
 //
 // It is small and bounded: memoShards × memoSlots entries, each slot
-// holding the last request whose digest falls on it.
+// holding the last request whose hash falls on it.
 const (
 	memoShards = 8
 	memoSlots  = 64
+	memoRawMax = 2 << 10
 	memoTag    = 'M' // before the raw body's length: no fingerprint frames this way
 )
 
 type sumMemo struct {
+	seed   maphash.Seed
 	shards [memoShards]memoShard
 }
+
+func newSumMemo() *sumMemo { return &sumMemo{seed: maphash.MakeSeed()} }
 
 type memoShard struct {
 	mu    sync.Mutex
@@ -34,31 +47,62 @@ type memoShard struct {
 }
 
 type memoEntry struct {
-	raw, sum [Size]byte
-	used     bool
+	hash   uint64
+	raw    []byte     // the framed parts, when small; its capacity is reused
+	digest [Size]byte // their SHA-256, when large (raw is then empty)
+	sum    [Size]byte
+	used   bool
 }
 
-// rawDigest sets st.sum to the digest of frame and the raw body, and
-// returns frame (appended to past its length, perhaps moved).
-func rawDigest(st *sumState, frame, body []byte) []byte {
-	st.h.Reset()
+// memoKey names a request's raw parts: framed (the frame, then memoTag
+// and the body's length) and the body.
+type memoKey struct {
+	framed, body []byte
+	hash         uint64
+	digest       [Size]byte // for large parts only
+}
+
+func (k *memoKey) large() bool { return len(k.framed)+len(k.body) > memoRawMax }
+
+// key frames the request's raw parts (appending to frame, perhaps moving
+// it) and hashes them; st's hash computes the digest of large ones.
+func (m *sumMemo) key(st *sumState, frame, body []byte) memoKey {
 	framed := binary.AppendUvarint(append(frame, memoTag), uint64(len(body)))
-	st.h.Write(framed)
-	st.h.Write(body)
-	st.h.Sum(st.sum[:0])
-	return framed[:len(frame)]
+	k := memoKey{framed: framed, body: body}
+	if k.large() {
+		st.h.Reset()
+		st.h.Write(framed)
+		st.h.Write(body)
+		st.h.Sum(st.sum[:0]) // not into k, which the interface would move to the heap
+		k.digest = st.sum
+		k.hash = binary.LittleEndian.Uint64(k.digest[:8])
+		return k
+	}
+	k.hash = maphash.Bytes(m.seed, framed) ^ maphash.Bytes(m.seed, body)*0x9e3779b97f4a7c15
+	return k
 }
 
-func (m *sumMemo) slot(raw *[Size]byte) (*memoShard, int) {
-	return &m.shards[raw[0]%memoShards], int(raw[1]) % memoSlots
+func (m *sumMemo) slot(k *memoKey) (*memoShard, *memoEntry) {
+	sh := &m.shards[k.hash%memoShards]
+	return sh, &sh.slots[(k.hash/memoShards)%memoSlots]
 }
 
-// get copies the remembered fingerprint of raw into sum.
-func (m *sumMemo) get(raw, sum *[Size]byte) bool {
-	sh, i := m.slot(raw)
+func (e *memoEntry) holds(k *memoKey) bool {
+	if !e.used || e.hash != k.hash {
+		return false
+	}
+	if k.large() {
+		return len(e.raw) == 0 && e.digest == k.digest
+	}
+	n := len(k.framed)
+	return len(e.raw) == n+len(k.body) && bytes.Equal(e.raw[:n], k.framed) && bytes.Equal(e.raw[n:], k.body)
+}
+
+// get copies the remembered fingerprint of k's request into sum.
+func (m *sumMemo) get(k *memoKey, sum *[Size]byte) bool {
+	sh, e := m.slot(k)
 	sh.mu.Lock()
-	e := &sh.slots[i]
-	ok := e.used && e.raw == *raw
+	ok := e.holds(k)
 	if ok {
 		*sum = e.sum
 	}
@@ -66,9 +110,15 @@ func (m *sumMemo) get(raw, sum *[Size]byte) bool {
 	return ok
 }
 
-func (m *sumMemo) put(raw, sum *[Size]byte) {
-	sh, i := m.slot(raw)
+func (m *sumMemo) put(k *memoKey, sum *[Size]byte) {
+	sh, e := m.slot(k)
 	sh.mu.Lock()
-	sh.slots[i] = memoEntry{raw: *raw, sum: *sum, used: true}
+	e.hash, e.sum, e.used = k.hash, *sum, true
+	e.raw = e.raw[:0]
+	if k.large() {
+		e.digest = k.digest
+	} else {
+		e.raw = append(append(e.raw, k.framed...), k.body...)
+	}
 	sh.mu.Unlock()
 }

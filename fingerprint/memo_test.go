@@ -1,7 +1,9 @@
 package fingerprint
 
 import (
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -34,7 +36,24 @@ func memoRequests() []memoRequest {
 		{"POST", "/orders", "", json, `{"a":1,"sent_at":"now"}`},
 		{"POST", "/orders", "", json, `{"a":1,"sent_at":"later"}`},
 		{"POST", "/orders", "", json, ``},
+		// Over memoRawMax: remembered by digest, not by its bytes.
+		{"POST", "/orders", "", json, largeJSON(false, 0)},
+		{"POST", "/orders", "", json, largeJSON(true, 0)}, // same canonical JSON
+		{"POST", "/orders", "", json, largeJSON(false, 1)},
 	}
+}
+
+// largeJSON is an object body over memoRawMax, its members reversed or
+// not, with one value changed by diff.
+func largeJSON(reversed bool, diff int) string {
+	var members []string
+	for i := range 200 {
+		members = append(members, fmt.Sprintf(`"m%03d":%d`, i, i+diff*(i/199)))
+	}
+	if reversed {
+		slices.Reverse(members)
+	}
+	return "{" + strings.Join(members, ",") + "}"
 }
 
 // TestMemoizedSumsAreTheFreshOnes: whatever the memo remembers, every
@@ -121,6 +140,46 @@ func TestRepeatedJSONRequestIsNotParsedAgain(t *testing.T) {
 	}
 }
 
+// TestMemoComparesTheBytes: a remembered request's entry is used only
+// for the very same bytes, small (compared as they are) or large
+// (compared by SHA-256): an entry whose hash matches but whose bytes or
+// digest do not is not.
+func TestMemoComparesTheBytes(t *testing.T) {
+	h := http.Header{"Content-Type": {"application/json"}}
+	for name, body := range map[string]string{"small": `{"a":1}`, "large": largeJSON(false, 0)} {
+		t.Run(name, func(t *testing.T) {
+			f, err := NewFingerprinter(Options{CanonicalJSON: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _ := f.SumJSON(nil, "POST", "/orders", "", h, []byte(body))
+			found := 0
+			for i := range f.memo.shards {
+				for j := range f.memo.shards[i].slots {
+					if e := &f.memo.shards[i].slots[j]; e.used {
+						found++
+						if len(body) > memoRawMax != (len(e.raw) == 0) {
+							t.Fatalf("a %d-byte body kept %d raw bytes", len(body), len(e.raw))
+						}
+						if len(e.raw) > 0 {
+							e.raw[len(e.raw)-1] ^= 1 // the body's last byte
+						} else {
+							e.digest[0] ^= 1
+						}
+						e.sum[0] ^= 0xff
+					}
+				}
+			}
+			if found != 1 {
+				t.Fatalf("%d entries remembered, want 1", found)
+			}
+			if got, _ := f.SumJSON(nil, "POST", "/orders", "", h, []byte(body)); string(got) != string(want) {
+				t.Fatalf("an entry of other bytes with the same hash answered: %x, want %x", got, want)
+			}
+		})
+	}
+}
+
 func mustPointer(t *testing.T, s string) Pointer {
 	t.Helper()
 	p, err := ParsePointer(s)
@@ -143,7 +202,7 @@ func TestDetailOfTheSumsCanonicalJSONIsTheDetail(t *testing.T) {
 		// A Fingerprinter of its own each time: a remembered request
 		// keeps no canonical encoding.
 		g := *f
-		g.memo = new(sumMemo)
+		g.memo = newSumMemo()
 		_, canon, canonical := g.SumJSONCanonical(nil, nil, first.method, first.path, first.query, first.header, []byte(first.body))
 		if canonical != (len(canon) > 0) {
 			t.Fatalf("%+v: canonical %v with %d bytes kept", first, canonical, len(canon))
