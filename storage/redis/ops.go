@@ -21,7 +21,7 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	tok := storage.NewToken()
-	v, acked, err := s.runDurable(ctx, reserveScript, key, fp, uint64(tok), millis(lease), keepMillis(lease))
+	v, acked, err := s.runDurable(ctx, reserveScript, key, newReserveArgs(fp, uint64(tok), millis(lease), keepMillis(lease)))
 	if err != nil {
 		// The script may have run and its reply been lost: the caller
 		// gets the token to release (see storage.Reservation).
@@ -89,7 +89,7 @@ func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Tok
 	head := storage.AppendResponse(nil, &storage.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: resp.BodyOmitted})
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
-	v, acked, err := s.runDurable(ctx, completeScript, key, uint64(token), head, resp.Body, millis(ttl), resp.Detail)
+	v, acked, err := s.runDurable(ctx, completeScript, key, newCompleteArgs(uint64(token), head, resp.Body, millis(ttl), resp.Detail))
 	if err = fencedReply("complete", v, err); err == nil {
 		// Too few replicas is counted, never an error: the record is on
 		// the primary and the answer given; a retry of the write would
@@ -234,7 +234,7 @@ func (s *Store) run(ctx context.Context, script *goredis.Script, key storage.Key
 
 // runDurable is run followed by WAIT when the store has a Durability;
 // acked is how many replicas acknowledged the write, -1 for no WAIT.
-func (s *Store) runDurable(ctx context.Context, script *goredis.Script, key storage.Key, args ...any) (v any, acked int, err error) {
+func (s *Store) runDurable(ctx context.Context, script *goredis.Script, key storage.Key, args []any) (v any, acked int, err error) {
 	return s.exec(ctx, script, s.keyName(key), true, args)
 }
 

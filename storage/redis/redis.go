@@ -220,10 +220,8 @@ func (s *Store) Ping(ctx context.Context) error {
 // first 16 bytes of the key's Digest.
 func (s *Store) keyName(key storage.Key) string {
 	sum := key.Digest()
-	out := make([]byte, len(s.prefix)+32)
-	copy(out, s.prefix)
-	hex.Encode(out[len(s.prefix):], sum[:16])
-	return string(out)
+	var buf [128]byte // on the stack for usual prefixes: the string is the one allocation
+	return string(hex.AppendEncode(append(buf[:0], s.prefix...), sum[:16]))
 }
 
 // channelName returns the pub/sub channel on which the scripts announce
