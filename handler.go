@@ -141,7 +141,7 @@ func (x *exchange) settle(o outcome) {
 	m.counted(r, o)
 	traceOutcome(r.Context(), o, repl, h.backendName, m)
 	kh, _ := repl.Get(m.keyHash)
-	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok && accessLogged(r) {
 		f := &x.logged
 		if x.loggedTo {
 			f = new(settledFields) // the first one is the log's already
@@ -157,6 +157,15 @@ func (x *exchange) settle(o outcome) {
 			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", caddy.ToString(kh)))
 		}
 	}
+}
+
+// accessLogged reports whether the request's server may write an access
+// log, the only reader of its extra log fields: a server without one
+// (Caddy's default) is spared ExtraLogFields.Add, which allocates three
+// times (it clears a sync.Map) on every request.
+func accessLogged(r *http.Request) bool {
+	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	return !ok || srv == nil || srv.Logs != nil
 }
 
 // keyHash is the key hash of the request's key, "" before it has one.

@@ -3,8 +3,13 @@ package idempotency
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
@@ -75,5 +80,32 @@ func TestLogsCarryKeyHashButNoSecrets(t *testing.T) {
 	}
 	if !sawHash || !sawStoreError {
 		t.Errorf("want key_hash fields and a store error entry; got %d entries", logs.Len())
+	}
+}
+
+// TestAccessLogFieldsOnlyForAServerThatLogs: the outcome and key hash go
+// to the request's extra log fields when its server writes an access log
+// (or when there is no server to ask), and not when it writes none.
+func TestAccessLogFieldsOnlyForAServerThatLogs(t *testing.T) {
+	h := isolated(t, &Handler{})
+	for name, c := range map[string]struct {
+		srv  *caddyhttp.Server
+		want int
+	}{
+		"no access log":     {&caddyhttp.Server{}, 0},
+		"an access log":     {&caddyhttp.Server{Logs: &caddyhttp.ServerLogConfig{}}, 1},
+		"no server to know": {nil, 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			r := caddyhttp.PrepareRequest(request("logged-"+strings.ReplaceAll(name, " ", "-"), `{}`), caddy.NewReplacer(), w, c.srv)
+			if err := h.ServeHTTP(w, r, &upstream{}); err != nil || w.Code != http.StatusCreated {
+				t.Fatalf("status %d, error %v", w.Code, err)
+			}
+			extra := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields)
+			if got := reflect.ValueOf(extra).Elem().FieldByName("fields").Len(); got != c.want {
+				t.Fatalf("%d extra log fields, want %d", got, c.want)
+			}
+		})
 	}
 }
