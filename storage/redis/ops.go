@@ -49,11 +49,15 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 			ExpiresAt:   time.UnixMilli(r.int(2)),
 		}}
 	case 4:
-		n = 6
-		rec, err := completedRecord(bytes.Clone(fp), r.int(1), r.int(2), r.bytes(3), r.bytes(4), true)
+		n = 2
+		created, expiry, head, body, detail, err := unpackReplay(r.str(1))
+		var rec *storage.Record
+		if err == nil {
+			rec, err = completedRecord(bytes.Clone(fp), created, expiry, head, body, true)
+		}
 		r.fail(err)
 		if rec != nil {
-			rec.Detail = r.bytes(5)
+			rec.Detail = detail
 		}
 		res = storage.Reservation{Outcome: storage.Replay, Record: rec}
 	default:

@@ -2,6 +2,8 @@ package redis
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
@@ -81,4 +83,32 @@ func (r *reply) check(n int) error {
 		return fmt.Errorf("%w: reply of %d elements, want %d", storage.ErrCorrupt, len(a), n)
 	}
 	return nil
+}
+
+// unpackReplay splits the reserve script's packed replay (see
+// reserveScript): "created expiry len(head) len(body) " then head, body
+// and detail, the rest. The parts alias packed, as bytes does; an empty
+// body or detail is nil.
+func unpackReplay(packed string) (created, expiry int64, head, body, detail []byte, err error) {
+	var nums [4]int64
+	rest := packed
+	for i := range nums {
+		field, after, ok := strings.Cut(rest, " ")
+		n, perr := strconv.ParseInt(field, 10, 64)
+		if !ok || perr != nil || n < 0 {
+			return 0, 0, nil, nil, nil, fmt.Errorf("%w: packed replay, field %d of its %d bytes is not a number", storage.ErrCorrupt, i, len(packed))
+		}
+		nums[i], rest = n, after
+	}
+	headLen, bodyLen := nums[2], nums[3]
+	if headLen > int64(len(rest)) || bodyLen > int64(len(rest))-headLen {
+		return 0, 0, nil, nil, nil, fmt.Errorf("%w: packed replay of %d bytes holds no head of %d and body of %d", storage.ErrCorrupt, len(packed), headLen, bodyLen)
+	}
+	part := func(s string) []byte {
+		if s == "" {
+			return nil
+		}
+		return unsafe.Slice(unsafe.StringData(s), len(s))
+	}
+	return nums[0], nums[1], part(rest[:headLen]), part(rest[headLen : headLen+bodyLen]), part(rest[headLen+bodyLen:]), nil
 }
