@@ -117,13 +117,13 @@ func (x *exchange) detached() context.Context {
 type settledFields struct {
 	traits  *modeTraits
 	outcome outcome
-	keyHash any // the key hash placeholder's value: made into text when logged
+	keyHash string
 }
 
 func (f *settledFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	enc.AddString(f.traits.outcomeField, string(f.outcome))
-	if kh := caddy.ToString(f.keyHash); kh != "" {
-		enc.AddString(f.traits.hashField, kh)
+	if f.keyHash != "" {
+		enc.AddString(f.traits.hashField, f.keyHash)
 	}
 	return nil
 }
@@ -140,7 +140,7 @@ func (x *exchange) settle(o outcome) {
 	}
 	m.counted(r, o)
 	traceOutcome(r.Context(), o, repl, h.backendName, m)
-	kh, _ := repl.Get(m.keyHash)
+	kh, _ := repl.GetString(m.keyHash)
 	if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok && accessLogged(r) {
 		f := &x.logged
 		if x.loggedTo {
@@ -152,9 +152,9 @@ func (x *exchange) settle(o outcome) {
 	}
 	if c := h.logger.Check(zapcore.DebugLevel, "idempotency outcome"); c != nil {
 		if x.requestID != "" {
-			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", caddy.ToString(kh)), zap.String("request_id", x.requestID))
+			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh), zap.String("request_id", x.requestID))
 		} else {
-			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", caddy.ToString(kh)))
+			c.Write(zap.String("outcome", string(o)), zap.String("key_hash", kh))
 		}
 	}
 }
@@ -173,7 +173,7 @@ func (x *exchange) keyHash() string {
 	if x.k == nil {
 		return ""
 	}
-	return x.k.key.Hash()
+	return x.k.hash
 }
 
 // execute runs the next handler for the request that owns its key,

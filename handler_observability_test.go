@@ -109,3 +109,29 @@ func TestAccessLogFieldsOnlyForAServerThatLogs(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyHashPlaceholderIsAStringAnExpressionReads:
+// {http.idempotency.key_hash} is set for other directives, and Caddy's
+// CEL expression matcher reads a placeholder's value as it is: a value
+// that only prints as the hash (a Stringer) fails the match with an
+// error.
+func TestKeyHashPlaceholderIsAStringAnExpressionReads(t *testing.T) {
+	h := isolated(t, &Handler{})
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+	defer cancel()
+	m := &caddyhttp.MatchExpression{Expr: `{http.idempotency.key_hash}.size() == 16`}
+	if err := m.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var matched bool
+	var matchErr error
+	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		matched, matchErr = m.MatchWithError(r)
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}}
+	serve(h, up, request("cel-key", `{}`))
+	if matchErr != nil || !matched {
+		t.Fatalf("an expression on the key hash: matched %v, error %v", matched, matchErr)
+	}
+}

@@ -18,6 +18,7 @@ import (
 // known: everything the store is asked with. Done releases what it holds.
 type keyedRequest struct {
 	key    storage.Key
+	hash   string // key.Hash(), once there is a key
 	path   string // the escaped path, as fingerprinted
 	fp     []byte
 	sum    [fingerprint.Size]byte // fp's storage
@@ -32,10 +33,6 @@ type keyedRequest struct {
 
 	bodyStore bufferedBody // what body points to
 }
-
-// String is the key hash, the value of the key hash placeholder. The key
-// is set before k is a placeholder's value and never changes after.
-func (k *keyedRequest) String() string { return k.key.Hash() }
 
 func (k *keyedRequest) done() {
 	k.body.Close()
@@ -130,9 +127,8 @@ func (h *Handler) keyRequest(into *keyedRequest, r *http.Request, repl *caddy.Re
 		}
 	}
 	k.key = storage.Key{Scope: scope, ID: id}
-	// The placeholder holds k, whose String is the key hash: most requests
-	// never read it, and making it costs a SHA-256 and two allocations.
-	repl.Set(h.policy.mode.traits().keyHash, k)
+	k.hash = k.key.Hash()
+	repl.Set(h.policy.mode.traits().keyHash, k.hash)
 
 	k.path = r.URL.EscapedPath()
 	k.canonBuf = canonPool.Get().(*[]byte)

@@ -37,7 +37,9 @@ func (p *pooledStore) durability(ctx context.Context) DurabilityResult {
 		return DurabilityResult{} // a wrapper around a store that cannot tell
 	}
 	p.mu.Lock()
-	p.lastDurability = r
+	if !r.At.Before(p.lastDurability.At) { // the last one asked, as for pings
+		p.lastDurability = r
+	}
 	p.mu.Unlock()
 	return r
 }

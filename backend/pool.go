@@ -72,7 +72,11 @@ func (p *pooledStore) ping(ctx context.Context) PingResult {
 	err := pinger.Ping(ctx)
 	r := PingResult{At: start, Took: time.Since(start), Err: err}
 	p.mu.Lock()
-	p.lastPing = r
+	if !r.At.Before(p.lastPing.At) {
+		// The last one asked, not the last to answer: a ping sent before
+		// an outage and answered after one sent during it is older news.
+		p.lastPing = r
+	}
 	p.mu.Unlock()
 	return r
 }

@@ -179,3 +179,54 @@ func TestAStoreShortOfItsDurabilityWarnsAtStart(t *testing.T) {
 		}
 	}
 }
+
+// outOfOrderStore answers the first Ping and the first Durability it is
+// asked only once let go, and every later one at once: the first answers
+// "up" (no error, facts of call 1), the later ones "down".
+type outOfOrderStore struct {
+	storage.Store
+	pings, facts    atomic.Int32
+	asked, answered chan struct{}
+}
+
+func (s *outOfOrderStore) Ping(context.Context) error {
+	if s.pings.Add(1) == 1 {
+		s.asked <- struct{}{}
+		<-s.answered
+		return nil
+	}
+	return storage.ErrUnavailable
+}
+
+func (s *outOfOrderStore) Durability(context.Context) (any, error) {
+	n := s.facts.Add(1)
+	if n == 1 {
+		s.asked <- struct{}{}
+		<-s.answered
+	}
+	return map[string]any{"call": n}, nil
+}
+
+// TestTheLastAskedIsTheLastResult: a ping or a durability question asked
+// before another and answered after it (a store that went down between
+// them) does not replace the other's answer: the admin API would show a
+// store that is down as up, or facts older than those it showed before.
+func TestTheLastAskedIsTheLastResult(t *testing.T) {
+	s := &outOfOrderStore{Store: memory.New(memory.Options{}), asked: make(chan struct{}), answered: make(chan struct{})}
+	p := &pooledStore{Store: s, backend: "test"}
+	ctx := t.Context()
+	for _, ask := range []func(){func() { p.ping(ctx) }, func() { p.durability(ctx) }} {
+		done := make(chan struct{})
+		go func() { ask(); close(done) }()
+		<-s.asked // the first question is out
+		ask()     // the second is answered first
+		s.answered <- struct{}{}
+		<-done
+	}
+	if got := p.lastPing; got.Err == nil {
+		t.Errorf("last ping %+v: the first ping's late answer replaced the second's", got)
+	}
+	if got := p.lastDurability; got.Facts.(map[string]any)["call"] != int32(2) {
+		t.Errorf("last durability %+v: the first question's late answer replaced the second's", got)
+	}
+}

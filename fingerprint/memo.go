@@ -118,6 +118,11 @@ func (m *sumMemo) put(k *memoKey, sum *[Size]byte) {
 	if k.large() {
 		e.digest = k.digest
 	} else {
+		if n := len(k.framed) + len(k.body); cap(e.raw) < n {
+			// Exactly what it needs: append's growth would leave a slot
+			// up to half as much again, past the bound the docs give.
+			e.raw = make([]byte, 0, n)
+		}
 		e.raw = append(append(e.raw, k.framed...), k.body...)
 	}
 	sh.mu.Unlock()

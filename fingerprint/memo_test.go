@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -218,6 +219,75 @@ func TestDetailOfTheSumsCanonicalJSONIsTheDetail(t *testing.T) {
 			if okA != okB || strings.Join(a, ",") != strings.Join(b, ",") {
 				t.Fatalf("first %+v, later %+v: the kept encoding's detail says %v (%v), Detail's %v (%v)", first, later, a, okA, b, okB)
 			}
+		}
+	}
+}
+
+// TestMemoAgreesAcrossTheBoundary: bodies whose raw parts are around
+// memoRawMax (kept as bytes below it, as a digest above), many sharing
+// slots, some empty, asked concurrently and in any order, always get the
+// fresh fingerprint, and no entry keeps more than memoRawMax bytes.
+func TestMemoAgreesAcrossTheBoundary(t *testing.T) {
+	f, err := NewFingerprinter(Options{CanonicalJSON: true, Headers: []string{"X-A"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := *f
+	fresh.memo = nil
+	h := http.Header{"Content-Type": {"application/json"}}
+	type req struct{ path, body, want string }
+	var reqs []req
+	for n := memoRawMax - 200; n <= memoRawMax+10; n++ {
+		for _, p := range []string{"/a", "/b"} {
+			body := `{"k":"` + strings.Repeat("x", max(0, n-8)) + `"}`
+			if n%7 == 0 {
+				body = ""
+			}
+			w, _ := fresh.SumJSON(nil, "POST", p, "", h, []byte(body))
+			reqs = append(reqs, req{p, body, string(w)})
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for g := range 8 {
+		wg.Go(func() {
+			for round := range 3 {
+				for i := range reqs {
+					r := reqs[(i*(g+1)+round)%len(reqs)]
+					if got, _ := f.SumJSON(make([]byte, 0, Size), "POST", r.path, "", h, []byte(r.body)); string(got) != r.want {
+						errs <- fmt.Sprintf("%s, a body of %d bytes: the memo gave another sum", r.path, len(r.body))
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	for i := range f.memo.shards {
+		for j := range f.memo.shards[i].slots {
+			if e := &f.memo.shards[i].slots[j]; cap(e.raw) > memoRawMax {
+				t.Errorf("an entry of %d bytes keeps %d of capacity, over memoRawMax", len(e.raw), cap(e.raw))
+			}
+		}
+	}
+}
+
+// TestMemoEntryCapacityIsBounded: a slot reused by a larger request keeps
+// at most memoRawMax bytes of capacity, so that the memo holds at most
+// memoShards × memoSlots × memoRawMax bytes (append's growth would leave
+// up to 3 KiB in a slot).
+func TestMemoEntryCapacityIsBounded(t *testing.T) {
+	m := newSumMemo()
+	var sum [Size]byte
+	for _, n := range []int{100, 1100, 2040, memoRawMax} {
+		k := memoKey{framed: make([]byte, 40), body: make([]byte, n-40)}
+		m.put(&k, &sum)
+		if e := &m.shards[0].slots[0]; cap(e.raw) > memoRawMax {
+			t.Fatalf("after a request of %d bytes the entry keeps %d bytes of capacity, over memoRawMax (%d)", n, cap(e.raw), memoRawMax)
 		}
 	}
 }

@@ -1,11 +1,15 @@
 package redis
 
 import (
+	"bytes"
 	"errors"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -42,6 +46,39 @@ func TestUnpackReplayRefusesWhatNoScriptWrites(t *testing.T) {
 	} {
 		if _, _, _, _, _, err := unpackReplay(packed); !errors.Is(err, storage.ErrCorrupt) {
 			t.Errorf("%q: %v, want a corruption error", packed, err)
+		}
+	}
+}
+
+// TestPackedReplayRoundTrip: a replay through the packed reply, with the
+// script cache flushed before each write and read (the EVAL fallback),
+// keeps head, body, detail and times whole, whatever bytes they hold.
+func TestPackedReplayRoundTrip(t *testing.T) {
+	addr := redistest.Addr()
+	s := newTestStore(t, addr, Options{})
+	admin := adminClient(t, addr)
+	ctx := t.Context()
+	for i, c := range []struct{ body, detail string }{
+		{"a b  c \x00 12 34 ", "d e"}, {"", "detail"}, {"body", ""}, {" ", " "},
+	} {
+		key := storage.Key{Scope: "packed", ID: strconv.Itoa(i)}
+		admin.ScriptFlush(ctx)
+		tok := acquire(t, s, key, time.Minute)
+		resp := &storage.Response{Status: http.StatusCreated, Header: http.Header{"X": {"1 2"}}, Body: []byte(c.body), Detail: []byte(c.detail)}
+		if err := s.Complete(ctx, key, tok, resp, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		admin.ScriptFlush(ctx)
+		res, err := s.Reserve(ctx, key, fp, time.Minute)
+		if err != nil || res.Outcome != storage.Replay {
+			t.Fatalf("%d: %v %v, want a replay", i, res.Outcome, err)
+		}
+		r := res.Record
+		if !bytes.Equal(r.Response.Body, []byte(c.body)) || string(r.Detail) != c.detail || r.Response.Status != http.StatusCreated || r.Response.Header.Get("X") != "1 2" {
+			t.Fatalf("%d: %+v", i, r)
+		}
+		if d := r.ExpiresAt.Sub(r.CreatedAt); d < 59*time.Minute || d > 61*time.Minute {
+			t.Fatalf("%d: created %v, expires %v: want an hour apart", i, r.CreatedAt, r.ExpiresAt)
 		}
 	}
 }
