@@ -129,8 +129,8 @@ func TestPostgresFailoverFactsAndReadOnlyServer(t *testing.T) {
 	if w := serve(onPrimary, up, request("k", "{}")); w.Code != http.StatusCreated {
 		t.Fatalf("on the primary: %d", w.Code) // creates the table, which the standby then has too
 	}
-	if err := primary.WaitStreaming(1, time.Minute); err != nil {
-		t.Fatal(err)
+	if err := primary.WaitReplayed(1, time.Minute); err != nil {
+		t.Fatal(err) // the standby has the table: its store's ping reads it
 	}
 	closed := onPostgres(t, &Handler{OnStorageError: "fail_closed"}, standby.DSN, table, "")
 	open := onPostgres(t, &Handler{OnStorageError: "fail_open"}, standby.DSN, table, `"timeout":"3s"`)

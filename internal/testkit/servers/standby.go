@@ -140,6 +140,35 @@ func (p *Postgres) WaitStreaming(n int, within time.Duration) error {
 	}
 }
 
+// WaitReplayed waits until n standbys stream from p and have replayed
+// everything p had written when it was called: a table p just created is
+// then there to read on them (streaming alone says nothing of the lag).
+func (p *Postgres) WaitReplayed(n int, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, p.adminDSN())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var lsn string
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		return err
+	}
+	for {
+		var got int
+		err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND replay_lsn >= $1::pg_lsn", lsn).Scan(&got)
+		if err == nil && got >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(fmt.Errorf("%d of %d standbys of %s replayed its WAL up to %s within %v", got, n, p.Addr, lsn, within), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // next numbers the set's servers, for the names of their directories.
 func (s *Set) next() int {
 	s.mu.Lock()
