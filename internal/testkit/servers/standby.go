@@ -119,31 +119,19 @@ func (p *Postgres) AlterSystem(name, value string) error {
 
 // WaitStreaming waits until n standbys stream from p.
 func (p *Postgres) WaitStreaming(n int, within time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), within)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, p.adminDSN())
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	for {
-		var got int
-		err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'").Scan(&got)
-		if err == nil && got >= n {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Join(fmt.Errorf("%d of %d standbys streaming from %s within %v", got, n, p.Addr, within), err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return p.waitStandbys(n, within, false)
 }
 
 // WaitReplayed waits until n standbys stream from p and have replayed
 // everything p had written when it was called: a table p just created is
 // then there to read on them (streaming alone says nothing of the lag).
 func (p *Postgres) WaitReplayed(n int, within time.Duration) error {
+	return p.waitStandbys(n, within, true)
+}
+
+// waitStandbys waits until n standbys stream from p, and with replayed,
+// until they have replayed p's WAL up to where it was when called.
+func (p *Postgres) waitStandbys(n int, within time.Duration, replayed bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, p.adminDSN())
@@ -151,19 +139,22 @@ func (p *Postgres) WaitReplayed(n int, within time.Duration) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-	var lsn string
-	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
-		return err
+	lsn, what := "", "streaming from"
+	if replayed {
+		if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+			return err
+		}
+		what = "having replayed the WAL up to " + lsn + " of"
 	}
 	for {
 		var got int
-		err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND replay_lsn >= $1::pg_lsn", lsn).Scan(&got)
+		err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND ($1 = '' OR replay_lsn >= nullif($1, '')::pg_lsn)", lsn).Scan(&got)
 		if err == nil && got >= n {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return errors.Join(fmt.Errorf("%d of %d standbys of %s replayed its WAL up to %s within %v", got, n, p.Addr, lsn, within), err)
+			return errors.Join(fmt.Errorf("%d of %d standbys %s %s within %v", got, n, what, p.Addr, within), err)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
