@@ -1,8 +1,13 @@
 # Everyday targets:
-#   make run     Caddy with this module on Caddyfile.example (memory store)
+#   make run     bin/caddy with this module on Caddyfile.example (memory store);
+#                CONFIG=other.Caddyfile serves another config (and other ports)
 #   make test    every test, including the end-to-end suite (e2e/: real Caddy
-#                processes), a short run of every fuzz target, and the documented
-#                xcaddy build. Redis and PostgreSQL are private throwaway instances
+#                processes), the handler's allocation budgets (make budgets: without
+#                -race), a short run of every fuzz target, and the documented
+#                xcaddy build. Every part runs even when one fails, and the end of
+#                the output lists every failure (bin/failures.txt). The tests run
+#                Caddy in a home directory of their own (HOME, XDG_*), never the
+#                user's. Redis and PostgreSQL are private throwaway instances
 #                on free loopback ports, started for the run and removed after it
 #                (internal/testkit/cmd/testservers: needs redis-server, initdb and postgres),
 #                or the servers named by IDEMPOTENCY_REDIS_URL and
@@ -38,11 +43,13 @@
 #                (internal/testkit/model; about 3 minutes), MODEL_FLAGS.
 #   make soak-failover  the failover soaks: private PostgreSQL primaries with a
 #                streaming standby promoted under load (kill -9, pg_promote),
-#                async and with a synchronous standby (PG_FAILOVER_FLAGS), then
-#                Redis Sentinel and Cluster failovers (kill -9, CLUSTER
-#                FAILOVER) with and without durability replicas 1
-#                (FAILOVER_FLAGS); counts the duplicate executions of each
-#                failover and names them; about 25 minutes
+#                async and with a synchronous standby (PG_FAILOVER_FLAGS), and
+#                with that standby cut off 3s before each kill
+#                (PG_FAILOVER_CUT_FLAGS), then Redis Sentinel and Cluster
+#                failovers (kill -9, CLUSTER FAILOVER) with and without
+#                durability replicas 1 (FAILOVER_FLAGS; and Sentinel with the
+#                replica cut 1s before each kill); counts the duplicate
+#                executions of each failover and names them; about 30 minutes
 #   make mutants plants each bug of internal/testkit/mutants in a copy of the tree and
 #                says which tier of tests catches it (the randomized test at its
 #                make test budget, its regression seeds, the package tests, e2e),
@@ -71,12 +78,28 @@ STATICCHECK  := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # them and removes their files, whatever the command's outcome.
 WITH_SERVERS := bin/testservers --
 
-.PHONY: run test check testservers promtool unit build check-build fuzz fuzz-short bench soak soak-failover mutants
+.PHONY: run test check testservers testsummary promtool unit budgets build check-build fuzz fuzz-short bench soak soak-failover mutants
 
-run:
-	$(GO) run ./cmd/caddy run --config Caddyfile.example
+# The Caddyfile make run serves, and so its ports (Caddyfile.example:
+# 8080, its stand-in upstream 9001, the admin API 2019): make run
+# CONFIG=my.Caddyfile to use others.
+CONFIG ?= Caddyfile.example
 
-test: unit fuzz-short check-build
+run: build
+	bin/caddy run --config $(CONFIG)
+
+# Every part runs, whichever fails; the failures of all of them are
+# listed at the end (bin/failures.txt: each failed test with its package,
+# each package that did not build or crashed, each failed part).
+TEST_PARTS := unit budgets fuzz-short check-build
+
+test:
+	@mkdir -p bin; rm -f bin/failures.txt; status=0; \
+	for part in $(TEST_PARTS); do \
+		$(MAKE) --no-print-directory $$part || { status=1; echo "FAIL make $$part" >> bin/failures.txt; }; \
+	done; \
+	if [ -s bin/failures.txt ]; then echo; echo "== make test: every failure"; cat bin/failures.txt; fi; \
+	exit $$status
 
 check:
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then \
@@ -88,6 +111,9 @@ check:
 testservers:
 	$(GO) build -o bin/testservers ./internal/testkit/cmd/testservers
 
+testsummary:
+	$(GO) build -o bin/testsummary ./internal/testkit/cmd/testsummary
+
 # promtool for the rules' unit tests (contrib/prometheus), at bin/promtool:
 # a link to the one on PATH, or the one of Debian's prometheus package
 # (internal/testkit/cmd/getpromtool prints which, and what it downloads).
@@ -96,9 +122,16 @@ promtool:
 
 # The end-to-end tests run the xcaddy-built binary, so the documented build
 # is what they prove.
-unit: build testservers promtool
+unit: build testservers promtool testsummary
 	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy IDEMPOTENCY_PROMTOOL=$$([ -e bin/promtool ] && echo $(CURDIR)/bin/promtool) \
-		$(WITH_SERVERS) $(GO) test -race -count=1 -timeout 30m ./...
+		$(WITH_SERVERS) bin/testsummary -failures bin/failures.txt -- $(GO) test -json -race -count=1 -timeout 30m ./...
+
+# The allocation budgets of the handler (alloc_budget_test.go), which
+# unit's run skips: the race detector changes allocation counts.
+budgets:
+	@mkdir -p bin; echo "$(GO) test -count=1 -run '^TestAllocationBudget' ."; \
+	$(GO) test -count=1 -run '^TestAllocationBudget' . || \
+		{ echo "FAIL budgets TestAllocationBudget (allocations over a budget: alloc_budget_test.go)" >> bin/failures.txt; exit 1; }
 
 $(XCADDY):
 	$(GO) install github.com/caddyserver/xcaddy/cmd/xcaddy@v0.4.5
@@ -111,37 +144,48 @@ build: $(XCADDY)
 check-build: build testservers
 	bin/caddy list-modules > bin/modules.txt
 	@for m in http.handlers.idempotency http.idempotency.storage.memory \
-		http.idempotency.storage.redis http.idempotency.storage.postgres admin.api.idempotency; do \
+		http.idempotency.storage.redis http.idempotency.storage.postgres admin.api.idempotency idempotency; do \
 		grep -qx "$$m" bin/modules.txt || { echo "bin/caddy lacks module $$m"; exit 1; }; \
 	done
 	@bin/caddy list-modules --versions | grep -qx "http.handlers.idempotency $(PSEUDO)" || \
 		{ echo "bin/caddy does not carry the module version $(PSEUDO)"; exit 1; }
-	@$(WITH_SERVERS) sh -c 'for f in Caddyfile.example Caddyfile.redis.example Caddyfile.postgres.example; do \
+	@home=$$(mktemp -d); trap 'rm -rf "$$home"' EXIT; \
+	HOME=$$home XDG_CONFIG_HOME=$$home/.config XDG_DATA_HOME=$$home/.local/share \
+	$(WITH_SERVERS) sh -c 'for f in Caddyfile.example Caddyfile.redis.example Caddyfile.postgres.example; do \
 		echo "caddy adapt --config $$f"; \
 		bin/caddy adapt --config $$f > /dev/null || exit 1; \
 		bin/caddy validate --config $$f 2> bin/validate.log || { cat bin/validate.log; exit 1; }; \
 	done'
 
+# Longer runs of the same fuzz targets, FUZZTIME each.
 fuzz:
-	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzDiffers$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzPointerLookup$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./storage/ -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./storage/ -run '^$$' -fuzz '^FuzzAppendDecodeRoundTrip$$' -fuzztime $(FUZZTIME)
+	@status=0; for spec in $(FUZZ_SHORT); do \
+		pkg=$${spec%%:*}; rest=$${spec#*:}; target=$${rest%%:*}; \
+		echo "$(GO) test $$pkg -run '^$$' -fuzz '^$$target\$$' -fuzztime $(FUZZTIME)"; \
+		$(GO) test $$pkg -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) || status=1; \
+	done; exit $$status
 
 # Every fuzz target for about ten seconds' work each, as part of make test
 # (their seed corpora also run as plain tests in unit). The budgets are
 # execution counts, not durations: Go 1.26's fuzz coordinator can fail a
 # run with "context deadline exceeded" when a duration budget ends while
 # workers shut down (golang/go#75804), and CI must not fail by chance.
+FUZZ_SHORT := ./fingerprint/:FuzzParseKey:200000x \
+	./fingerprint/:FuzzCanonicalJSON:100000x \
+	./fingerprint/:FuzzDiffers:50000x \
+	./fingerprint/:FuzzPointerLookup:100000x \
+	./fingerprint/:FuzzDecodeContent:20000x \
+	./storage/:FuzzDecodeResponse:30000x \
+	./storage/:FuzzAppendDecodeRoundTrip:150000x \
+	./inprocess/:FuzzConfigSpace:5000x
+
 fuzz-short:
-	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 200000x
-	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime 100000x
-	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzDiffers$$' -fuzztime 50000x
-	$(GO) test ./fingerprint/ -run '^$$' -fuzz '^FuzzPointerLookup$$' -fuzztime 100000x
-	$(GO) test ./storage/ -run '^$$' -fuzz '^FuzzDecodeResponse$$' -fuzztime 30000x
-	$(GO) test ./storage/ -run '^$$' -fuzz '^FuzzAppendDecodeRoundTrip$$' -fuzztime 150000x
+	@mkdir -p bin; status=0; for spec in $(FUZZ_SHORT); do \
+		pkg=$${spec%%:*}; rest=$${spec#*:}; target=$${rest%%:*}; count=$${rest#*:}; \
+		echo "$(GO) test $$pkg -run '^$$' -fuzz '^$$target\$$' -fuzztime $$count"; \
+		$(GO) test $$pkg -run '^$$' -fuzz "^$$target\$$" -fuzztime $$count || \
+			{ status=1; echo "FAIL fuzz $$pkg $$target" >> bin/failures.txt; }; \
+	done; exit $$status
 
 BENCH_FLAGS ?=
 
@@ -172,10 +216,15 @@ soak: build testservers
 # durability replicas 1, 20 failovers under load each (about 15 minutes);
 # FAILOVER_FLAGS adds flags to every Redis run (go run ./soak/failover -h).
 PG_FAILOVER_FLAGS ?= -pg-modes async,sync,remote_apply -v
+# PG_FAILOVER_CUT_FLAGS: the synchronous standby cut off 3s before each
+# kill (commits wait for it until the store's timeout cancels the wait).
+PG_FAILOVER_CUT_FLAGS ?= -pg-modes sync,remote_apply -pg-promotions 3 -pg-workers 16 -pg-cut 3s -v
 FAILOVER_FLAGS ?= -failovers 20 -lag 300ms
 
 soak-failover: build
 	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak -failover postgres $(PG_FAILOVER_FLAGS)
+	IDEMPOTENCY_CADDY_BIN=$(CURDIR)/bin/caddy $(GO) run ./soak -failover postgres $(PG_FAILOVER_CUT_FLAGS)
+	$(GO) run ./soak/failover -topology sentinel -durability -lag 1s -failovers 3
 	$(GO) run ./soak/failover -topology sentinel -durability $(FAILOVER_FLAGS)
 	$(GO) run ./soak/failover -topology cluster -durability $(FAILOVER_FLAGS)
 	$(GO) run ./soak/failover -topology sentinel $(FAILOVER_FLAGS)

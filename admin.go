@@ -46,6 +46,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/idempotency/stores", Handler: caddy.AdminHandlerFunc(a.handleStores)},
 		{Pattern: "/idempotency/keys", Handler: caddy.AdminHandlerFunc(a.handleKeys)},
 		{Pattern: "/idempotency/in_flight", Handler: caddy.AdminHandlerFunc(a.handleInFlight)},
+		{Pattern: "/idempotency/outcome_unknown", Handler: caddy.AdminHandlerFunc(a.handleOutcomeUnknown)},
 	}
 }
 
@@ -120,13 +121,15 @@ func (adminAPI) handleStores(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, list)
 }
 
-// The bounds of a page of GET /idempotency/in_flight.
+// The bounds of a page of GET /idempotency/in_flight and
+// /idempotency/outcome_unknown.
 const (
 	defaultInFlightPage = 100
 	maxInFlightPage     = 1000
 )
 
-// inFlightPage is one store's page of records in flight.
+// inFlightPage is one store's page of records in flight (or of
+// outcome-unknown records).
 type inFlightPage struct {
 	Store   string       `json:"store"`
 	Backend string       `json:"backend"`
@@ -142,6 +145,75 @@ func (adminAPI) handleInFlight(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return apiError(http.StatusMethodNotAllowed, "use GET")
 	}
+	return listPages(w, r, (*instrumentedStore).ListInFlight)
+}
+
+// handleOutcomeUnknown lists the records whose outcome is unknown (GET,
+// as /idempotency/in_flight pages), or releases those of one key (DELETE
+// ?key_hash=<16 hex digits>[&store=<id>]): only an outcome-unknown record
+// is deleted, never one in flight or one that holds a response, so that
+// the key's next request runs. An operator releases a key once the
+// operation is reconciled: known to have happened (then the client needs
+// a new key for another one) or known not to have.
+func (adminAPI) handleOutcomeUnknown(w http.ResponseWriter, r *http.Request) error {
+	switch r.Method {
+	case http.MethodGet:
+		return listPages(w, r, (*instrumentedStore).ListOutcomeUnknown)
+	case http.MethodDelete:
+		return releaseOutcomeUnknown(w, r)
+	}
+	return apiError(http.StatusMethodNotAllowed, "use GET or DELETE")
+}
+
+// releaseOutcomeUnknown is DELETE /idempotency/outcome_unknown.
+func releaseOutcomeUnknown(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "key_hash" && k != "store" {
+			return apiError(http.StatusBadRequest, fmt.Sprintf("unknown parameter %q: give key_hash, and store", k))
+		}
+	}
+	kh := strings.ToLower(q.Get("key_hash"))
+	if b, err := hex.DecodeString(kh); err != nil || len(b) != storage.HashLen/2 {
+		return apiError(http.StatusBadRequest, fmt.Sprintf("key_hash must be %d hex digits, as logged", storage.HashLen))
+	}
+	targets := liveStores(q.Get("store"))
+	if len(targets) == 0 {
+		if q.Get("store") != "" {
+			return apiError(http.StatusNotFound, fmt.Sprintf("no live store %q (see /idempotency/stores)", q.Get("store")))
+		}
+		return apiError(http.StatusNotFound, "no idempotency store is in use")
+	}
+	type released struct {
+		Store    string `json:"store"`
+		Backend  string `json:"backend"`
+		Released int    `json:"released"`
+	}
+	answer := struct {
+		KeyHash string     `json:"key_hash"`
+		Stores  []released `json:"stores"`
+	}{KeyHash: kh, Stores: []released{}}
+	total := 0
+	for _, t := range targets {
+		n, err := t.store.ReleaseOutcomeUnknown(r.Context(), kh)
+		if err != nil {
+			return apiError(http.StatusBadGateway, fmt.Sprintf("store %s: %v", t.id, err))
+		}
+		if n > 0 {
+			answer.Stores = append(answer.Stores, released{Store: t.id, Backend: t.backend, Released: n})
+			total += n
+		}
+	}
+	if total == 0 {
+		return apiError(http.StatusNotFound, "no outcome-unknown record for this key_hash")
+	}
+	return writeJSON(w, answer)
+}
+
+// listPages answers a listing of each store's records (list), a page at
+// a time: ?store=<id>, &after=<key_hash> (needs store: each store pages
+// on its own), &limit=<n>.
+func listPages(w http.ResponseWriter, r *http.Request, list func(s *instrumentedStore, ctx context.Context, after string, limit int) ([]storage.HashedRecord, error)) error {
 	q := r.URL.Query()
 	limit := defaultInFlightPage
 	if v := q.Get("limit"); v != "" {
@@ -166,7 +238,7 @@ func (adminAPI) handleInFlight(w http.ResponseWriter, r *http.Request) error {
 	}
 	pages := []inFlightPage{}
 	for _, t := range targets {
-		recs, err := t.store.ListInFlight(r.Context(), after, limit)
+		recs, err := list(t.store, r.Context(), after, limit)
 		if err != nil {
 			return apiError(http.StatusBadGateway, fmt.Sprintf("store %s: %v", t.id, err))
 		}
@@ -193,8 +265,11 @@ type recordView struct {
 	Status      int         `json:"status,omitempty"`
 	Header      http.Header `json:"headers,omitempty"`
 	BodyOmitted bool        `json:"body_omitted,omitempty"`
-	BodyBytes   *int        `json:"body_bytes,omitempty"`
-	Body        string      `json:"body,omitempty"` // base64, only with body=true
+	// OutcomeUnknown: the key's request failed before any status after it
+	// may have reached the upstream; Status is what its client got.
+	OutcomeUnknown bool   `json:"outcome_unknown,omitempty"`
+	BodyBytes      *int   `json:"body_bytes,omitempty"`
+	Body           string `json:"body,omitempty"` // base64, only with body=true
 }
 
 // keysAnswer is what GET and DELETE /idempotency/keys answer.
@@ -358,7 +433,7 @@ func adminScopeHash(template string, values []string) (string, error) {
 		}
 		repl.Set(k, values[i])
 	}
-	hash, ok := t.hash(repl, nil, "")
+	hash, _, ok := t.hash(repl, nil, "")
 	if !ok {
 		return "", errors.New("this scope is blank: the handler refuses such requests (400), so no record has it")
 	}
@@ -370,7 +445,7 @@ func adminScopeHash(template string, values []string) (string, error) {
 // traces.
 type liveStore struct {
 	id, backend string
-	store       *observedStore
+	store       *instrumentedStore
 }
 
 // byHash finds (and with del deletes) the records whose key hash is kh;
@@ -395,7 +470,7 @@ func (t liveStore) byHash(r *http.Request, kh string, withBody, del bool) ([]fou
 func liveStores(id string) []liveStore {
 	var out []liveStore
 	for s := range backend.Live(id) {
-		out = append(out, liveStore{id: s.ID, backend: s.Backend, store: observe(s.Store, s.Backend, nil)})
+		out = append(out, liveStore{id: s.ID, backend: s.Backend, store: instrument(s.Store, s.Backend, nil)})
 	}
 	return out
 }
@@ -410,7 +485,7 @@ func viewOf(storeID, keyHash string, rec *storage.Record, withBody bool) recordV
 		ExpiresAt:   rec.ExpiresAt.UTC(),
 	}
 	if resp := rec.Response; resp != nil {
-		v.Status, v.Header, v.BodyOmitted = resp.Status, resp.Header, resp.BodyOmitted
+		v.Status, v.Header, v.BodyOmitted, v.OutcomeUnknown = resp.Status, resp.Header, resp.BodyOmitted, resp.OutcomeUnknown
 		if withBody {
 			n := len(resp.Body)
 			v.BodyBytes = &n

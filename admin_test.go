@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
@@ -148,7 +149,7 @@ func TestAdminClearsAKeyStuckInFlight(t *testing.T) {
 	if code, _ := adminCall(t, http.MethodDelete, keysPath("stuck", []string{"example.com", ""}, sel)); code != http.StatusOK {
 		t.Fatalf("DELETE: %d", code)
 	}
-	up.serve = nil
+	up.Serve = nil
 	if w := serve(h, up, request("stuck", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
 		t.Fatalf("a cleared key must run again: %d", w.Code)
 	}
@@ -461,4 +462,86 @@ func TestAdminStoresSayWhenTheirDurabilityFactsWereTaken(t *testing.T) {
 	if down.Ping == nil || down.Ping.OK || down.DurabilityAt == nil || down.DurabilityAt.Before(*up.DurabilityAt) || down.DurabilityAt.After(killed) {
 		t.Fatalf("store down: ping %+v, durability at %v; want the failed ping and facts taken before the store went down (%v), as at %v or later", down.Ping, down.DurabilityAt, killed, up.DurabilityAt)
 	}
+}
+
+// TestAdminListsAndReleasesOutcomeUnknownKeys: GET
+// /idempotency/outcome_unknown lists the keys whose outcome is unknown
+// (and no other record), with the status their client got; DELETE
+// ?key_hash= releases one, and only such a record: its next request runs.
+func TestAdminListsAndReleasesOutcomeUnknownKeys(t *testing.T) {
+	backends(t).run(func(t *testing.T, b *testStore) {
+		h := b.handler(t, &Handler{})
+		id := storeID(t, h)
+		fail := true
+		up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
+			if fail {
+				return caddyhttp.Error(http.StatusGatewayTimeout, timeoutError{})
+			}
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		}}
+		unknown := map[string]string{} // key hash -> key
+		for i := range 3 {
+			key := fmt.Sprint("unknown-", i)
+			serve(h, up, request(key, "{}"))
+			unknown[h.keyOf(t, request(key, "{}")).Hash()] = key
+		}
+		fail = false
+		serve(h, up, request("answered", "{}"))
+		answered := h.keyOf(t, request("answered", "{}")).Hash()
+
+		code, body := adminCall(t, http.MethodGet, "/idempotency/outcome_unknown?store="+url.QueryEscape(id))
+		stores, _ := body["stores"].([]any)
+		if code != http.StatusOK || len(stores) != 1 {
+			t.Fatalf("GET outcome_unknown: %d %v", code, body)
+		}
+		seen := map[string]bool{}
+		for _, r := range stores[0].(map[string]any)["records"].([]any) {
+			rec := r.(map[string]any)
+			if rec["outcome_unknown"] != true || rec["status"] != float64(http.StatusGatewayTimeout) {
+				t.Fatalf("listed %v, want an outcome-unknown record of status 504", rec)
+			}
+			seen[rec["key_hash"].(string)] = true
+		}
+		for kh := range unknown {
+			if !seen[kh] {
+				t.Errorf("%s, whose outcome is unknown, was not listed (listed %v)", kh, seen)
+			}
+		}
+		if seen[answered] {
+			t.Error("a record that holds a response was listed")
+		}
+
+		if code, body := adminCall(t, http.MethodDelete, "/idempotency/outcome_unknown?key_hash="+answered); code != http.StatusNotFound {
+			t.Fatalf("releasing a record that holds a response: %d %v, want 404", code, body)
+		}
+		if w := serve(h, up, request("answered", "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("the answered key after a refused release: %d, want its replay", w.Code)
+		}
+		for kh, key := range unknown {
+			code, body := adminCall(t, http.MethodDelete, "/idempotency/outcome_unknown?key_hash="+kh+"&store="+url.QueryEscape(id))
+			if code != http.StatusOK || body["key_hash"] != kh {
+				t.Fatalf("DELETE outcome_unknown %s: %d %v", kh, code, body)
+			}
+			if w := serve(h, up, request(key, "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+				t.Fatalf("a released key must run again: %d", w.Code)
+			}
+			break
+		}
+		for _, c := range []struct {
+			method, path string
+			status       int
+		}{
+			{http.MethodDelete, "/idempotency/outcome_unknown", http.StatusBadRequest},
+			{http.MethodDelete, "/idempotency/outcome_unknown?key_hash=zz", http.StatusBadRequest},
+			{http.MethodDelete, "/idempotency/outcome_unknown?key_hash=" + answered + "&key=k", http.StatusBadRequest},
+			{http.MethodDelete, "/idempotency/outcome_unknown?key_hash=" + answered + "&store=nosuch", http.StatusNotFound},
+			{http.MethodPost, "/idempotency/outcome_unknown", http.StatusMethodNotAllowed},
+			{http.MethodGet, "/idempotency/outcome_unknown?limit=0", http.StatusBadRequest},
+		} {
+			if code, body := adminCall(t, c.method, c.path); code != c.status || body["error"] == nil {
+				t.Errorf("%s %s: %d %v, want a %d error", c.method, c.path, code, body, c.status)
+			}
+		}
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,7 +39,7 @@ const (
 	choreTimeout = 30 * time.Second
 )
 
-// settler is the part of a store (observed, see observed.go) that aftercare
+// settler is the part of a store (observed, see store.go) that aftercare
 // writes to.
 type settler interface {
 	Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error
@@ -54,6 +55,10 @@ type chore struct {
 	ttl   time.Duration     // complete only
 	until time.Time         // given up after this
 	lease *lease            // complete and release: kept alive until done with (nil: none)
+	// replicas: a completion on the primary that too few replicas
+	// acknowledged, sent again until they do (the store then answers
+	// that the lease completed the record already)
+	replicas bool
 
 	notBefore time.Time // abandon: the second look
 	answered  bool      // abandon: the store said there was nothing to release
@@ -117,6 +122,10 @@ type aftercare struct {
 	// asks reclaim whether it was one of ours.
 	abandoned map[storage.Key]*chore
 	running   bool
+
+	// settling counts the complete and release chores not done with, for
+	// drain.
+	settling atomic.Int64
 }
 
 // add queues c and starts the worker if it is idle.
@@ -180,6 +189,7 @@ func (a *aftercare) count(added, done []*chore) {
 			settle--
 		}
 	}
+	a.settling.Add(int64(settle))
 	if a.backlog != nil && settle != 0 {
 		a.backlog.Add(float64(settle))
 	}
@@ -254,6 +264,10 @@ func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next tim
 			// Nothing to release yet; look once more in a moment.
 			c.answered, c.notBefore = true, now.Add(ghostSettle)
 			later(c)
+		case errors.Is(err, storage.ErrLeaseLost) && c.replicas:
+			a.logger.Info("an idempotent response is on enough replicas now (or was taken over meanwhile)",
+				zap.String("key_hash", c.key.Hash()))
+			a.finish(c, now)
 		case errors.Is(err, storage.ErrLeaseLost):
 			// Taken over, deleted, or never written: nothing of ours. (Or
 			// written by an earlier try whose answer was lost.)
@@ -269,6 +283,32 @@ func (a *aftercare) round(batch []*chore) (keep []*chore, failing bool, next tim
 	}
 	return keep, failing, next
 }
+
+// drain waits, until the deadline at most, for the complete and release
+// chores to be done with, and returns how many are left. When Caddy
+// exits, a completion still pending would be lost with the process: its
+// key would stay in flight until its lease lapsed, and the retry would
+// then run the request again. (A reload needs no wait: the worker goes on
+// with the store held.) Abandons are not waited for: their reservations
+// lapse on their own, and nothing ran for them.
+func (a *aftercare) drain(deadline time.Time) int {
+	for {
+		n := int(a.settling.Load())
+		if n <= 0 || !time.Now().Before(deadline) {
+			return max(n, 0)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// exitDrain bounds how long an exiting Caddy waits for the store writes
+// still pending (Handler.Cleanup); a service manager's stop timeout is
+// longer (systemd's default is 90 s).
+const exitDrain = 15 * time.Second
+
+// exitDeadline is when the wait of every handler's Cleanup ends, set by
+// the first to wait.
+var exitDeadline = sync.OnceValue(func() time.Time { return time.Now().Add(exitDrain) })
 
 // reclaim is for a request that met key in flight. When that may be a
 // reservation this handler abandoned (see Handler.abandon), it releases it

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -133,7 +134,7 @@ func TestAWriteWaitingInAftercareKeepsItsLease(t *testing.T) {
 			if write == "release" {
 				status = http.StatusBadGateway // in release_on
 			}
-			up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+			up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 				store.setDown(true) // the store goes away while the request runs
 				w.WriteHeader(status)
 				return nil
@@ -141,7 +142,7 @@ func TestAWriteWaitingInAftercareKeepsItsLease(t *testing.T) {
 			if w := serve(h, up, request("k", `{"a":1}`)); w.Code != status {
 				t.Fatalf("first: %d, want %d", w.Code, status)
 			}
-			up.serve = nil
+			up.Serve = nil
 
 			// A lease's worth of renewals after the request ended: without
 			// them the lease would have lapsed by now.
@@ -164,13 +165,13 @@ func TestAWriteWaitingInAftercareKeepsItsLease(t *testing.T) {
 			})
 			switch write {
 			case "complete":
-				if !(w.Code == status && w.Header().Get("Idempotent-Replayed") == "true") || up.calls.Load() != 1 {
+				if !(w.Code == status && w.Header().Get("Idempotent-Replayed") == "true") || up.Calls.Load() != 1 {
 					t.Fatalf("retry after the store came back: %d replayed=%q, upstream ran %d times; want the replay and 1",
-						w.Code, w.Header().Get("Idempotent-Replayed"), up.calls.Load())
+						w.Code, w.Header().Get("Idempotent-Replayed"), up.Calls.Load())
 				}
 			case "release":
-				if w.Code != http.StatusCreated || up.calls.Load() != 2 {
-					t.Fatalf("retry after the store came back: %d, upstream ran %d times; want a second run", w.Code, up.calls.Load())
+				if w.Code != http.StatusCreated || up.Calls.Load() != 2 {
+					t.Fatalf("retry after the store came back: %d, upstream ran %d times; want a second run", w.Code, up.Calls.Load())
 				}
 			}
 		})
@@ -280,4 +281,106 @@ func TestAftercareBacklogCountsOnlyWritesOfRequestsThatRan(t *testing.T) {
 	if w := serve(h, &upstream{}, request("running", `{}`)); w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry of the running request after the outage: %d, want its replay", w.Code)
 	}
+}
+
+// unreplicatedStore is a primary whose replicas may be cut off: while
+// cut, a completion lands on it (the memory store) but falls short of
+// its replicas, and so does one sent again of the record its lease
+// completed already (the write a Redis or PostgreSQL store makes to learn
+// whether replicas have it); once healed, that one is acknowledged.
+// Renewals of a completed record answer that the lease is lost, as the
+// primary would.
+type unreplicatedStore struct {
+	storage.Store
+	mu          sync.Mutex
+	cut         bool
+	completedBy map[storage.Key]storage.Token
+	completes   int // Complete calls
+	lostRenews  int // renewals answered ErrLeaseLost
+}
+
+func (s *unreplicatedStore) setCut(cut bool) {
+	s.mu.Lock()
+	s.cut = cut
+	s.mu.Unlock()
+}
+
+func (s *unreplicatedStore) counts() (completes, lostRenews int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.completes, s.lostRenews
+}
+
+func (s *unreplicatedStore) Complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response, ttl time.Duration) error {
+	err := s.Store.Complete(ctx, key, token, resp, ttl)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.completes++
+	switch {
+	case err == nil:
+		s.completedBy[key] = token
+	case errors.Is(err, storage.ErrLeaseLost) && s.completedBy[key] == token:
+		// Completed by this lease already: written again, and waited for.
+	default:
+		return err
+	}
+	if s.cut {
+		return fmt.Errorf("%w: %w: 0 of 1 replicas", storage.ErrUnavailable, storage.ErrNotReplicated)
+	}
+	return err
+}
+
+func (s *unreplicatedStore) Renew(ctx context.Context, key storage.Key, token storage.Token, lease time.Duration) error {
+	err := s.Store.Renew(ctx, key, token, lease)
+	if errors.Is(err, storage.ErrLeaseLost) {
+		s.mu.Lock()
+		s.lostRenews++
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// TestACompletionShortOfItsReplicasIsSentAgainWithItsLeaseRenewed: a
+// completion that the store took but too few replicas acknowledged
+// (storage.ErrNotReplicated) is sent again until they do, and its lease
+// is renewed all along, though the primary answers the renewals that the
+// lease is lost (it completed the record): a replica promoted meanwhile
+// holds the record in flight under that lease, and must not see it lapse
+// before the completion reaches it. Retries meanwhile get the primary's
+// replay; once the replicas have it, the chore is done with and lets the
+// lease go. Before the fix, the first loss stopped the renewals (and the
+// store accepted the completion, so nothing was sent again).
+func TestACompletionShortOfItsReplicasIsSentAgainWithItsLeaseRenewed(t *testing.T) {
+	h := isolated(t, &Handler{LockTimeout: caddy.Duration(time.Second)})
+	store := &unreplicatedStore{Store: h.rawStore(), completedBy: map[storage.Key]storage.Token{}}
+	h.useStore(store)
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
+		store.setCut(true) // the replicas are cut off while the request runs
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}}
+	if w := serve(h, up, request("k", `{"a":1}`)); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d, want 201", w.Code)
+	}
+	up.Serve = nil
+
+	// A lease's worth of renewals answered "lost", and the completion sent
+	// again meanwhile: without them the lease on a promoted replica would
+	// have lapsed by now.
+	testutil.Eventually(t, 20*time.Second, "a lease's worth of renewals through the primary's losses, and the completion sent again", func() bool {
+		completes, lost := store.counts()
+		return lost >= renewals+1 && completes >= 3
+	})
+	if w := serve(h, up, request("k", `{"a":1}`)); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || up.Calls.Load() != 1 {
+		t.Fatalf("retry while the completion is sent again: %d replayed=%q, upstream ran %d times; want the replay and 1",
+			w.Code, w.Header().Get("Idempotent-Replayed"), up.Calls.Load())
+	}
+
+	store.setCut(false)
+	a := h.keeper.aftercare
+	testutil.Eventually(t, 10*time.Second, "the chore done with once the replicas have the completion", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.pending) == 0 && !a.running
+	})
 }

@@ -40,7 +40,13 @@ func situations() []situation {
 		return func(h *Handler) answer { return h.policy.storeErrorAnswer(err) }
 	}
 	reserved := func(o storage.Outcome, replayed outcome) func(*Handler) answer {
-		return func(*Handler) answer { return reservationAnswer(o, replayed) }
+		return func(*Handler) answer { return reservationAnswer(storage.Reservation{Outcome: o}, replayed) }
+	}
+	unknown := func(replayed outcome) func(*Handler) answer {
+		return func(*Handler) answer {
+			rec := &storage.Record{State: storage.Completed, Response: &storage.Response{Status: http.StatusGatewayTimeout, OutcomeUnknown: true}}
+			return reservationAnswer(storage.Reservation{Outcome: storage.Replay, Record: rec}, replayed)
+		}
 	}
 	unavailable := fmt.Errorf("dial: %w", storage.ErrUnavailable)
 	return []situation{
@@ -67,6 +73,8 @@ func situations() []situation {
 		{"completed key after a wait", false, reserved(storage.Replay, outcomeWaited)},
 		{"key in flight", false, reserved(storage.Conflict, outcomeReplayed)},
 		{"key reused for another request", false, reserved(storage.Mismatch, outcomeReplayed)},
+		{"key whose outcome is unknown", false, unknown(outcomeReplayed)},
+		{"key whose outcome is unknown, after a wait", false, unknown(outcomeWaited)},
 	}
 }
 
@@ -104,9 +112,14 @@ func TestEveryOutcomeHasItsRowInBothModes(t *testing.T) {
 					if nextRan || code != a.problem.status || outcome != string(a.outcome) {
 						t.Errorf("enforce: next ran %v, status %d, outcome %q; want %d and outcome %q", nextRan, code, outcome, a.problem.status, a.outcome)
 					}
-					// A full store cannot tell when room returns: it says nothing.
-					if code != http.StatusBadRequest && code != http.StatusRequestEntityTooLarge && code != http.StatusUnprocessableEntity && a.problem != problemStoreFull && a.retryAfter == "" {
+					// A full store cannot tell when room returns: it says
+					// nothing; an unknown outcome never clears by waiting.
+					if code != http.StatusBadRequest && code != http.StatusRequestEntityTooLarge && code != http.StatusUnprocessableEntity &&
+						a.problem != problemStoreFull && a.problem != problemOutcomeUnknown && a.retryAfter == "" {
 						t.Errorf("enforce: a %d without Retry-After", code)
+					}
+					if a.problem == problemOutcomeUnknown && (a.retryAfter != "" || a.problem.retryable()) {
+						t.Errorf("enforce: the outcome-unknown answer invites a retry (Retry-After %q, retryable %v)", a.retryAfter, a.problem.retryable())
 					}
 				case actPass, actRun:
 					if !nextRan || outcome != string(a.outcome) {

@@ -47,8 +47,8 @@ func TestANewBackendIsOneShortModule(t *testing.T) {
 	}
 	up := &upstream{}
 	serve(h, up, request("k", "{}"))
-	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || up.calls.Load() != 1 {
-		t.Fatalf("replay through the new backend: %d, upstream ran %d times", w.Code, up.calls.Load())
+	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || up.Calls.Load() != 1 {
+		t.Fatalf("replay through the new backend: %d, upstream ran %d times", w.Code, up.Calls.Load())
 	}
 
 	// The admin API lists the store and finds the record in it.
@@ -68,25 +68,85 @@ func TestANewBackendIsOneShortModule(t *testing.T) {
 }
 
 // TestANewBackendNeedsNothingInternal: the backend written as a third
-// party writes one imports the module's public packages only (a backend
-// in another module cannot import internal/), its Caddyfile parsing
-// included.
+// party writes one, and each built-in backend, imports the module's
+// public packages only (a backend in another module cannot import
+// internal/), its Caddyfile parsing included: the built-ins need nothing
+// a third party cannot have. The third party's tests too: they run
+// backendtest.Run with public packages only.
 func TestANewBackendNeedsNothingInternal(t *testing.T) {
-	files, err := filepath.Glob("internal/testkit/testbackend/*.go")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("the test backend's files: %v %v", files, err)
+	thirdPartyTests, err := filepath.Glob("internal/testkit/testbackend/*_test.go")
+	if err != nil || len(thirdPartyTests) == 0 {
+		t.Fatalf("the tests of the third party's backend: %v %v", thirdPartyTests, err)
 	}
-	for _, f := range files {
-		parsed, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
-		if err != nil {
-			t.Fatal(err)
+	for _, dir := range []string{"internal/testkit/testbackend", "backend/memory", "backend/redis", "backend/postgres"} {
+		files := productionFiles(t, dir)
+		if dir == "internal/testkit/testbackend" {
+			files = append(files, thirdPartyTests...)
 		}
-		for _, imp := range parsed.Imports {
-			if strings.Contains(imp.Path.Value, "/internal/") {
-				t.Errorf("%s imports %s", f, imp.Path.Value)
+		for _, f := range files {
+			for _, imp := range importsOf(t, f) {
+				if strings.Contains(imp, "/internal/") {
+					t.Errorf("%s imports %s", f, imp)
+				}
 			}
 		}
 	}
+}
+
+// TestStorageImportsNoBackend: the stores are plain Go libraries, usable
+// without Caddy: nothing under storage/ (its tests included) imports the
+// backend kit, which is Caddy's side, or Caddy itself.
+func TestStorageImportsNoBackend(t *testing.T) {
+	checked := 0
+	err := filepath.WalkDir("storage", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return err
+		}
+		checked++
+		for _, imp := range importsOf(t, path) {
+			if strings.HasPrefix(imp, "github.com/caddy-idempotency/caddy-idempotency/backend") || strings.HasPrefix(imp, "github.com/caddyserver/") {
+				t.Errorf("%s imports %s", path, imp)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 50 {
+		t.Fatalf("checked %d files, want every file under storage/", checked)
+	}
+}
+
+// productionFiles returns the Go files of dir that are not tests; at
+// least one.
+func productionFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	all, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	var files []string
+	for _, f := range all {
+		if !strings.HasSuffix(f, "_test.go") {
+			files = append(files, f)
+		}
+	}
+	if err != nil || len(files) == 0 {
+		t.Fatalf("the production files of %s: %v %v", dir, files, err)
+	}
+	return files
+}
+
+// importsOf returns the import paths of the Go file f.
+func importsOf(t *testing.T, f string) []string {
+	t.Helper()
+	parsed, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, imp := range parsed.Imports {
+		out = append(out, strings.Trim(imp.Path.Value, `"`))
+	}
+	return out
 }
 
 // TestProductionCodeImportsNoTestMachinery: what Caddy runs (the

@@ -117,6 +117,16 @@ func (b *bufferedBody) Bytes() []byte { return b.buf.Bytes() }
 // Len is len(b.Bytes()).
 func (b *bufferedBody) Len() int { return b.buf.Len() }
 
+// Cap is the size of the buffer the body holds, 0 once closed.
+func (b *bufferedBody) Cap() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf == nil {
+		return 0
+	}
+	return b.buf.Cap()
+}
+
 func (b *bufferedBody) Read(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

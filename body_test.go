@@ -14,7 +14,7 @@ func TestBodyIsHandedOnUnchanged(t *testing.T) {
 	body := `{ "b": 2, "a": [1, 2.50, "x\u0041"] }`
 	var got []byte
 	var gotLen int64
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		got, _ = io.ReadAll(r.Body)
 		gotLen = r.ContentLength
 		w.WriteHeader(http.StatusCreated)
@@ -46,8 +46,8 @@ func TestOversizeBodyIsRejectedWithoutRunning(t *testing.T) {
 	if w := serve(h, up, chunked); w.Code != http.StatusRequestEntityTooLarge {
 		t.Fatalf("unknown length: %d, want 413", w.Code)
 	}
-	if up.calls.Load() != 0 {
-		t.Fatalf("upstream ran %d times for oversize bodies", up.calls.Load())
+	if up.Calls.Load() != 0 {
+		t.Fatalf("upstream ran %d times for oversize bodies", up.Calls.Load())
 	}
 	if n := records(h); n != 0 {
 		t.Fatalf("oversize bodies left %d records", n)
@@ -66,15 +66,15 @@ func TestBodyReadErrorIsAClientError(t *testing.T) {
 	r.Body = io.NopCloser(iotest.ErrReader(io.ErrUnexpectedEOF))
 	r.ContentLength = -1
 	err := serveTo(h, up, httptestRecorder(), r)
-	if err == nil || up.calls.Load() != 0 {
-		t.Fatalf("err %v, calls %d; want an error and no call", err, up.calls.Load())
+	if err == nil || up.Calls.Load() != 0 {
+		t.Fatalf("err %v, calls %d; want an error and no call", err, up.Calls.Load())
 	}
 }
 
 func TestExpectContinueIsNotForwarded(t *testing.T) {
 	h := isolated(t, &Handler{})
 	var expect string
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		expect = r.Header.Get("Expect")
 		return nil
 	}}
@@ -89,7 +89,7 @@ func TestExpectContinueIsNotForwarded(t *testing.T) {
 func TestUpstreamIsAskedForIdentityEncoding(t *testing.T) {
 	h := isolated(t, &Handler{})
 	var ae string
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		ae = r.Header.Get("Accept-Encoding")
 		return nil
 	}}

@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -19,6 +18,7 @@ func init() {
 	// After encode: stored bodies are never compressed, and encode
 	// compresses each replay for the client that asked.
 	httpcaddyfile.RegisterDirectiveOrder("idempotency", httpcaddyfile.After, "encode")
+	httpcaddyfile.RegisterGlobalOption("idempotency", parseGlobalOption)
 }
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
@@ -52,6 +52,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    in_flight reject|wait [<timeout>]
 //	    wait_timeout <duration>
 //	    on_storage_error fail_closed|fail_open
+//	    on_unknown_outcome keep|release
 //	    replay_header <name>|off
 //	    docs_url <url>
 //	    mode enforce|observe
@@ -71,7 +72,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func (h *Handler) parseOption(d *caddyfile.Dispenser, given cfargs.Given, opt string) error {
 	switch opt {
 	case "storage":
-		raw, err := parseStorage(d)
+		raw, err := backend.ParseCaddyfile(d)
 		h.StorageRaw = raw
 		return err
 	case "ttl":
@@ -125,6 +126,8 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, given cfargs.Given, opt st
 		return cfargs.StringArg(d, &h.KeyJSON)
 	case "on_storage_error":
 		return cfargs.OneOfArg(d, &h.OnStorageError, failClosed, failOpen)
+	case "on_unknown_outcome":
+		return cfargs.OneOfArg(d, &h.OnUnknownOutcome, unknownOutcomeKeep, unknownOutcomeRelease)
 	case "replay_header":
 		return cfargs.StringArg(d, &h.ReplayHeader)
 	case "docs_url":
@@ -139,32 +142,11 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, given cfargs.Given, opt st
 var handlerOptions = []string{
 	"storage", "ttl", "lock_timeout", "methods", "header", "required", "scope", "max_key_length",
 	"max_body_size", "max_response_size", "fingerprint", "release_on", "in_flight", "wait_timeout",
-	"mode", "errors", "key_json", "on_storage_error", "replay_header", "docs_url",
+	"mode", "errors", "key_json", "on_storage_error", "on_unknown_outcome", "replay_header", "docs_url",
 }
 
 // fingerprintOptions are the options of the fingerprint block.
 var fingerprintOptions = []string{"headers", "canonical_json", "ignore"}
-
-// parseStorage parses `storage <backend> [{ ... }]` into the handler's
-// storage module JSON; the backend's module parses its own block.
-func parseStorage(d *caddyfile.Dispenser) (json.RawMessage, error) {
-	if !d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	name := d.Val()
-	if _, err := caddy.GetModule(backend.Namespace + "." + name); err != nil {
-		var known []string
-		for _, m := range caddy.GetModules(backend.Namespace) {
-			known = append(known, m.ID.Name())
-		}
-		return nil, d.Errf("unknown storage backend '%s'%s; available: %s", name, cfargs.DidYouMean(name, known), strings.Join(known, ", "))
-	}
-	unm, err := caddyfile.UnmarshalModule(d, backend.Namespace+"."+name)
-	if err != nil {
-		return nil, err
-	}
-	return caddyconfig.JSONModuleObject(unm, "backend", name, nil), nil
-}
 
 func (h *Handler) parseFingerprint(d *caddyfile.Dispenser) error {
 	if err := cfargs.NoArgs(d); err != nil {
@@ -210,3 +192,62 @@ func (h *Handler) parseInFlight(d *caddyfile.Dispenser, given cfargs.Given) erro
 
 // Interface guards
 var _ caddyfile.Unmarshaler = (*Handler)(nil)
+
+// globalOptions are the Caddyfile's global `idempotency` block: defaults
+// for every idempotency directive of the Caddyfile, so that ten routes on
+// Redis configure Redis once.
+//
+//	{
+//	    idempotency {
+//	        storage redis {
+//	            url {env.REDIS_URL}
+//	        }
+//	        strict
+//	    }
+//	}
+//
+// strict sets every directive's strict: a config in which some requests
+// skip one is refused (see package placement).
+type globalOptions struct {
+	StorageRaw json.RawMessage
+	Strict     bool
+}
+
+// globalOptionNames are the options of the global block.
+var globalOptionNames = []string{"storage", "strict"}
+
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	if existing != nil {
+		return nil, d.Err("the idempotency global option is already specified")
+	}
+	d.Next() // consume the option name
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	opts := new(globalOptions)
+	err := cfargs.EachOption(d, "", nil, func(opt string) error {
+		switch opt {
+		case "storage":
+			raw, err := backend.ParseCaddyfile(d)
+			opts.StorageRaw = raw
+			return err
+		case "strict":
+			opts.Strict = true
+			return cfargs.NoArgs(d)
+		}
+		return d.Errf("unrecognized idempotency global option '%s'%s; only storage and strict can be set globally", opt, cfargs.DidYouMean(opt, globalOptionNames))
+	}, nil)
+	return opts, err
+}
+
+// applyGlobalOptions fills in what a directive left to the global block.
+func (h *Handler) applyGlobalOptions(opts any) {
+	g, ok := opts.(*globalOptions)
+	if !ok || g == nil {
+		return
+	}
+	if h.StorageRaw == nil {
+		h.StorageRaw = g.StorageRaw
+	}
+	h.Strict = h.Strict || g.Strict
+}

@@ -7,7 +7,6 @@ import (
 	"go/parser"
 	"go/token"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	idempotency "github.com/caddy-idempotency/caddy-idempotency"
+	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
 )
 
 // block wraps body lines in an idempotency block whose first option line
@@ -92,6 +92,25 @@ func TestCaddyfileOptions(t *testing.T) {
 			input: "idempotency {\n\tstorage memory {\n\t\tmax_keys 5\n\t}\n\tttl 1h\n}",
 			want: idempotency.Handler{
 				StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":5}`),
+				TTL:        caddy.Duration(time.Hour),
+			},
+		},
+		// The redis and postgres blocks are tested beside their backends
+		// (backend/*/caddyfile_test.go); here, that the directive hands
+		// them over and goes on after them.
+		{
+			name:  "storage redis then more options",
+			input: "idempotency {\n\tstorage redis redis://r:6379 {\n\t\tkey_prefix app:\n\t}\n\tttl 1h\n}",
+			want: idempotency.Handler{
+				StorageRaw: json.RawMessage(`{"backend":"redis","key_prefix":"app:","url":"redis://r:6379"}`),
+				TTL:        caddy.Duration(time.Hour),
+			},
+		},
+		{
+			name:  "storage postgres then more options",
+			input: "idempotency {\n\tstorage postgres {\n\t\tdsn host=db\n\t}\n\tttl 1h\n}",
+			want: idempotency.Handler{
+				StorageRaw: json.RawMessage(`{"backend":"postgres","dsn":"host=db"}`),
 				TTL:        caddy.Duration(time.Hour),
 			},
 		},
@@ -248,6 +267,16 @@ func TestCaddyfileOptions(t *testing.T) {
 			want:  idempotency.Handler{Header: "Idempotency-Key", OnStorageError: "fail_closed"},
 		},
 		{
+			name:  "on_unknown_outcome release",
+			input: block("on_unknown_outcome release"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", OnUnknownOutcome: "release"},
+		},
+		{
+			name:  "on_unknown_outcome keep",
+			input: block("on_unknown_outcome keep"),
+			want:  idempotency.Handler{Header: "Idempotency-Key", OnUnknownOutcome: "keep"},
+		},
+		{
 			name:  "replay_header name",
 			input: block("replay_header X-Replayed"),
 			want:  idempotency.Handler{Header: "Idempotency-Key", ReplayHeader: "X-Replayed"},
@@ -343,21 +372,22 @@ func TestCaddyfileStopsAtItsBlock(t *testing.T) {
 // optionLines is one valid spelling of every option, for the duplicate
 // tests; multi-line options are several entries joined by "\n".
 var optionLines = map[string][]string{
-	"storage":           {"storage memory {", "\tmax_keys 10", "}"},
-	"ttl":               {"ttl 1h"},
-	"lock_timeout":      {"lock_timeout 1s"},
-	"methods":           {"methods POST"},
-	"required":          {"required"},
-	"scope":             {"scope {http.request.host}"},
-	"max_key_length":    {"max_key_length 10"},
-	"max_body_size":     {"max_body_size 1KB"},
-	"max_response_size": {"max_response_size 1KB"},
-	"fingerprint":       {"fingerprint {", "\theaders X-A", "}"},
-	"release_on":        {"release_on 5xx"},
-	"in_flight":         {"in_flight reject"},
-	"on_storage_error":  {"on_storage_error fail_open"},
-	"replay_header":     {"replay_header X-R"},
-	"docs_url":          {"docs_url https://example.com/"},
+	"storage":            {"storage memory {", "\tmax_keys 10", "}"},
+	"ttl":                {"ttl 1h"},
+	"lock_timeout":       {"lock_timeout 1s"},
+	"methods":            {"methods POST"},
+	"required":           {"required"},
+	"scope":              {"scope {http.request.host}"},
+	"max_key_length":     {"max_key_length 10"},
+	"max_body_size":      {"max_body_size 1KB"},
+	"max_response_size":  {"max_response_size 1KB"},
+	"fingerprint":        {"fingerprint {", "\theaders X-A", "}"},
+	"release_on":         {"release_on 5xx"},
+	"in_flight":          {"in_flight reject"},
+	"on_storage_error":   {"on_storage_error fail_open"},
+	"on_unknown_outcome": {"on_unknown_outcome release"},
+	"replay_header":      {"replay_header X-R"},
+	"docs_url":           {"docs_url https://example.com/"},
 }
 
 func TestCaddyfileDuplicateOptions(t *testing.T) {
@@ -388,28 +418,9 @@ func TestCaddyfileDuplicateOptions(t *testing.T) {
 	})
 }
 
-// lineRe matches "Testfile:<n>" not followed by another digit.
-func lineRe(line int) *regexp.Regexp {
-	return regexp.MustCompile(fmt.Sprintf(`\bTestfile:%d\b`, line))
-}
-
 // wantParseError asserts err is a parse error at Testfile:line whose message
-// mentions every one of want.
-func wantParseError(t *testing.T, err error, line int, want ...string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("no error, want one at Testfile:%d mentioning %q", line, want)
-	}
-	msg := err.Error()
-	if !lineRe(line).MatchString(msg) {
-		t.Errorf("error %q does not point at Testfile:%d", msg, line)
-	}
-	for _, w := range want {
-		if !strings.Contains(msg, w) {
-			t.Errorf("error %q does not mention %q", msg, w)
-		}
-	}
-}
+// mentions every one of want; the backends' Caddyfile tests share it.
+var wantParseError = backendtest.WantParseError
 
 func TestCaddyfileErrors(t *testing.T) {
 	tests := []struct {
@@ -534,6 +545,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{name: "bad in_flight mode", body: []string{"in_flight sometimes"}, line: 3, want: []string{"in_flight", "reject", "wait", "'sometimes'"}},
 		{name: "in_flight mode is case sensitive", body: []string{"in_flight Wait"}, line: 3, want: []string{"in_flight", "'Wait'"}},
 		{name: "bad on_storage_error", body: []string{"on_storage_error maybe"}, line: 3, want: []string{"on_storage_error", "fail_closed", "fail_open", "'maybe'"}},
+		{name: "bad on_unknown_outcome", body: []string{"on_unknown_outcome retry"}, line: 3, want: []string{"on_unknown_outcome", "keep", "release", "'retry'"}},
+		{name: "on_unknown_outcome without value", body: []string{"on_unknown_outcome"}, line: 3, want: []string{"wrong argument count", "'on_unknown_outcome'"}},
 		{name: "bad canonical_json", body: []string{"fingerprint {", "\tcanonical_json yes", "}"}, line: 4, want: []string{"canonical_json", "true", "false", "'yes'"}},
 
 		// Storage backends.
@@ -569,7 +582,7 @@ func TestCaddyfileOptionListsMatchTheParsers(t *testing.T) {
 	for _, tc := range []struct{ file, fn, list string }{
 		{"caddyfile.go", "parseOption", "handlerOptions"},
 		{"caddyfile.go", "parseFingerprint", "fingerprintOptions"},
-		{"global.go", "parseGlobalOption", "globalOptionNames"},
+		{"caddyfile.go", "parseGlobalOption", "globalOptionNames"},
 		{"backend/memory/memory.go", "UnmarshalCaddyfile", "options"},
 		{"backend/redis/redis.go", "UnmarshalCaddyfile", "options"},
 		{"backend/postgres/postgres.go", "UnmarshalCaddyfile", "options"},

@@ -23,7 +23,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "idempotency",
-		Usage: "hash|schema|get|delete|list [flags]",
+		Usage: "hash|schema|get|delete|list|release [flags]",
 		Short: "Hashes idempotency keys, prints the PostgreSQL schema, shows and deletes records",
 		Long: `
 Tools for the idempotency handler (http.handlers.idempotency).
@@ -35,12 +35,16 @@ schema    the PostgreSQL DDL and GRANT for a table name
 get       a record, from a running Caddy's admin API
 delete    a record, through a running Caddy's admin API (the key runs
           again on its next request)
-list      the records in flight, per store, a page at a time
+list      the records in flight (or, with --outcome-unknown, those whose
+          outcome is unknown), per store, a page at a time
+release   the outcome-unknown record of a key, through a running Caddy's
+          admin API, once the operation is reconciled (the key runs again
+          on its next request); never a record in flight or a response
 
 See docs/operations.md of the module.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
-			cmd.AddCommand(hashCommand(), recordCommand("get"), recordCommand("delete"), listCommand())
+			cmd.AddCommand(hashCommand(), recordCommand("get"), recordCommand("delete"), listCommand(), releaseCommand())
 			// The backends' own (storage postgres: schema).
 			cmd.AddCommand(backend.Commands()...)
 		},
@@ -203,8 +207,8 @@ func recordQuery(cmd *cobra.Command) (url.Values, error) {
 
 func listCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "list [--store <id>] [--after <key_hash>] [--limit <n>] [--address <admin> | --config <file>]",
-		Short: "Lists the records in flight, per store, a page at a time, from a running Caddy's admin API",
+		Use:   "list [--outcome-unknown] [--store <id>] [--after <key_hash>] [--limit <n>] [--address <admin> | --config <file>]",
+		Short: "Lists the records in flight, or those whose outcome is unknown, per store, a page at a time, from a running Caddy's admin API",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f := cmd.Flags()
@@ -214,12 +218,45 @@ func listCommand() *cobra.Command {
 					q.Set(param, v)
 				}
 			}
-			return callAdminAPI(cmd, http.MethodGet, "/idempotency/in_flight?"+q.Encode())
+			endpoint := "/idempotency/in_flight?"
+			if unknown, _ := f.GetBool("outcome-unknown"); unknown {
+				endpoint = "/idempotency/outcome_unknown?"
+			}
+			return callAdminAPI(cmd, http.MethodGet, endpoint+q.Encode())
 		},
 	}
+	cmd.Flags().Bool("outcome-unknown", false, "list the records whose outcome is unknown instead of those in flight")
 	cmd.Flags().String("store", "", "the store's id (default: every store, a first page each)")
 	cmd.Flags().String("after", "", "the next member of the previous page (needs --store)")
 	cmd.Flags().String("limit", "", "the most records per store (default 100, at most 1000)")
+	adminFlags(cmd)
+	return cmd
+}
+
+// releaseCommand frees the key of an outcome-unknown record: one request
+// to the admin API's DELETE /idempotency/outcome_unknown of a running
+// Caddy, by the key hash (computed here from --key and its scope when
+// given so).
+func releaseCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "release (--key-hash <hex> | --key <key> (--scope <value>... | --scope-hash <hex>)) [--store <id>] [--address <admin> | --config <file>]",
+		Short: "Releases the key of an outcome-unknown record through a running Caddy's admin API, so that its next request runs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q, err := recordQuery(cmd)
+			if err != nil {
+				return err
+			}
+			if q.Has("key") {
+				q.Set("key_hash", storage.Key{Scope: q.Get("scope_hash"), ID: q.Get("key")}.Hash())
+				q.Del("key")
+				q.Del("scope_hash")
+			}
+			return callAdminAPI(cmd, http.MethodDelete, "/idempotency/outcome_unknown?"+q.Encode())
+		},
+	}
+	keyFlags(cmd, true)
+	cmd.Flags().String("store", "", "the store's id, as GET /idempotency/stores lists it (default: every store)")
 	adminFlags(cmd)
 	return cmd
 }

@@ -66,11 +66,15 @@ func TestRecordCommandsRefuseKeyHashWithAScope(t *testing.T) {
 		{"--scope-template", "{http.request.host}"},
 		{"--scope-hash", strings.Repeat("0", 64)},
 	} {
-		for _, verb := range []string{"get", "delete"} {
+		for _, verb := range []string{"get", "delete", "release"} {
 			// An address nothing listens on: the command must fail before
 			// it asks.
 			args := append([]string{"--key-hash", kh, "--address", "127.0.0.1:1"}, extra...)
-			out, err := runCommand(t, recordCommand(verb), args...)
+			cmd := releaseCommand()
+			if verb != "release" {
+				cmd = recordCommand(verb)
+			}
+			out, err := runCommand(t, cmd, args...)
 			if err == nil || !strings.Contains(err.Error(), "--key-hash alone") {
 				t.Errorf("%s %q: %q %v, want --key-hash refused with %s", verb, args, out, err, extra[0])
 			}
@@ -128,7 +132,7 @@ func TestTheCommandHasTheBackendsSubcommands(t *testing.T) {
 	for _, sub := range root.Commands() {
 		names = append(names, sub.Name())
 	}
-	for _, want := range []string{"hash", "schema", "get", "delete", "list"} {
+	for _, want := range []string{"hash", "schema", "get", "delete", "list", "release"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("subcommands %v lack %s", names, want)
 		}

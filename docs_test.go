@@ -226,7 +226,7 @@ func docCaddyConfig(v map[string]any) (config map[string]any, ok bool) {
 // Host names in store addresses: in a URL (after the scheme and any
 // user), a keyword DSN's host= (and its port=), or a bare host:port.
 var (
-	docURLHost  = regexp.MustCompile(`^([a-z]+://(?:[^@/]*@)?)([A-Za-z][A-Za-z0-9.-]*)(:[0-9]+)?`)
+	docURLHost  = regexp.MustCompile(`^([a-z]+://(?:[^@/]*@)?)(\[[^\]]*\]|[A-Za-z0-9][A-Za-z0-9.-]*)(:[0-9]+)?`)
 	docKeyHost  = regexp.MustCompile(`\b(host|port)=[^ ]+`)
 	docBareHost = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9.-]*:[0-9]+$`)
 )

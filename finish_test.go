@@ -1,13 +1,16 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -29,7 +32,7 @@ func servePanicking(h *Handler, next caddyhttp.Handler, r *http.Request) (w *htt
 func TestPanicAfterTheStatusRecordsItWithoutTheBody(t *testing.T) {
 	for _, value := range []any{http.ErrAbortHandler, errors.New("boom")} {
 		h := isolated(t, &Handler{})
-		up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 			w.Header().Set("X-Order", "42")
 			w.WriteHeader(http.StatusCreated)
 			_, _ = w.Write([]byte(`{"partial`))
@@ -43,7 +46,7 @@ func TestPanicAfterTheStatusRecordsItWithoutTheBody(t *testing.T) {
 			w.Header().Get(bodyOmittedHeader) != "true" || w.Header().Get("X-Order") != "42" || w.Body.Len() != 0 {
 			t.Fatalf("retry after a panic with %v: %d %v %q, want the recorded 201 without its body", value, w.Code, w.Header(), w.Body.String())
 		}
-		if n := up.calls.Load(); n != 1 {
+		if n := up.Calls.Load(); n != 1 {
 			t.Fatalf("upstream ran %d times, want 1", n)
 		}
 	}
@@ -51,7 +54,7 @@ func TestPanicAfterTheStatusRecordsItWithoutTheBody(t *testing.T) {
 
 func TestErrorAfterTheStatusRecordsItWithoutTheBody(t *testing.T) {
 	h := isolated(t, &Handler{})
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusOK)
 		return errors.New("upstream broke off")
 	}}
@@ -59,28 +62,96 @@ func TestErrorAfterTheStatusRecordsItWithoutTheBody(t *testing.T) {
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusOK || w.Header().Get(bodyOmittedHeader) != "true" {
 		t.Fatalf("retry: %d %v", w.Code, w.Header())
 	}
-	if n := up.calls.Load(); n != 1 {
+	if n := up.Calls.Load(); n != 1 {
 		t.Fatalf("upstream ran %d times, want 1", n)
 	}
 }
 
-func TestPanicOrErrorBeforeTheStatusFreesTheKey(t *testing.T) {
-	h := isolated(t, &Handler{})
-	fail := func(w http.ResponseWriter, r *http.Request) error { panic(http.ErrAbortHandler) }
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error { return fail(w, r) }}
-	servePanicking(h, up, request("k", "{}"))
-	fail = func(http.ResponseWriter, *http.Request) error {
-		return caddyhttp.Error(http.StatusBadGateway, errors.New("dial"))
-	}
-	serve(h, up, request("k", "{}"))
-	up.serve = nil
-	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
-		t.Fatalf("third try: %d replayed=%q, want a run", w.Code, w.Header().Get("Idempotent-Replayed"))
-	}
-	if n := up.calls.Load(); n != 3 {
-		t.Fatalf("upstream ran %d times, want 3", n)
+// A panic before any status, of any value, leaves the outcome unknown:
+// the handler cannot tell what the panicking code did. The key is kept,
+// and the retry gets the outcome-unknown problem without running.
+func TestPanicBeforeTheStatusLeavesTheOutcomeUnknown(t *testing.T) {
+	for i, value := range []any{http.ErrAbortHandler, errors.New("boom")} {
+		h := isolated(t, &Handler{})
+		key := fmt.Sprint("k", i)
+		up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error { panic(value) }}
+		if _, p := servePanicking(h, up, request(key, "{}")); p != value {
+			t.Fatalf("the panic %v did not go on (got %v)", value, p)
+		}
+		up.Serve = nil
+		w := serve(h, up, request(key, "{}"))
+		if p := problemOf(t, w); w.Code != http.StatusBadGateway || p.Type != problemOutcomeUnknown.typeURI() || p.Retryable {
+			t.Fatalf("retry after a panic with %v: %d %+v, want the outcome-unknown 502, not retryable", value, w.Code, p)
+		}
+		if n := up.Calls.Load(); n != 1 {
+			t.Fatalf("the next handler ran %d times, want 1", n)
+		}
 	}
 }
+
+// dialError is what reverse_proxy returns when it could not connect to
+// the upstream (its transport wraps the dial's error in
+// reverseproxy.DialError, and statusError makes it a 502). The same
+// through a real reverse_proxy and a refused port is in
+// inprocess/unknown_outcome_test.go.
+func dialError() error {
+	return caddyhttp.Error(http.StatusBadGateway, reverseproxy.NewDialError(errors.New("dial tcp 127.0.0.1:9: connect: connection refused")))
+}
+
+// A failure before any status that provably sent nothing frees the key:
+// the retry runs. Every other error of the next handler before a status
+// leaves the outcome unknown.
+func TestAFailureBeforeTheStatusFreesTheKeyOnlyWhenNothingWasSent(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		err   error
+		frees bool
+	}{
+		{"a dial error", dialError(), true},
+		{"no upstream available", caddyhttp.Error(http.StatusServiceUnavailable, errors.New(errNoUpstreamText)), true},
+		{"a refusal of the handler's own (4xx)", caddyhttp.Error(http.StatusUnauthorized, errors.New("not authenticated")), true},
+		{"a response-header timeout", caddyhttp.Error(http.StatusGatewayTimeout, timeoutError{}), false},
+		{"a reset after the request was sent", caddyhttp.Error(http.StatusBadGateway, errors.New("read tcp: connection reset by peer")), false},
+		{"a deadline", fmt.Errorf("waiting: %w", context.DeadlineExceeded), false},
+		{"a 4xx handler error past a deadline", caddyhttp.Error(http.StatusRequestTimeout, context.DeadlineExceeded), false},
+		{"a client closed request (499)", caddyhttp.Error(499, context.Canceled), false},
+		{"an error of a handler that is not a proxy", errors.New("something failed"), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := isolated(t, &Handler{})
+			fail := true
+			up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
+				if fail {
+					return tt.err
+				}
+				w.WriteHeader(http.StatusCreated)
+				return nil
+			}}
+			if w := serve(h, up, request("k", "{}")); w.Code < 400 {
+				t.Fatalf("first: %d, want the error's status", w.Code)
+			}
+			fail = false
+			w := serve(h, up, request("k", "{}"))
+			if tt.frees {
+				if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" || up.Calls.Load() != 2 {
+					t.Fatalf("retry: %d, %d runs; want it run (201)", w.Code, up.Calls.Load())
+				}
+				return
+			}
+			if p := problemOf(t, w); w.Code != http.StatusBadGateway || p.Type != problemOutcomeUnknown.typeURI() || up.Calls.Load() != 1 {
+				t.Fatalf("retry: %d %+v, %d runs; want the outcome-unknown 502 and 1 run", w.Code, p, up.Calls.Load())
+			}
+		})
+	}
+}
+
+// timeoutError is a net.Error that timed out, as net/http's "timeout
+// awaiting response headers" is.
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "net/http: timeout awaiting response headers" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
 
 // goneClient is a ResponseWriter whose client has hung up.
 type goneClient struct{ *httptest.ResponseRecorder }
@@ -95,7 +166,7 @@ func TestClientHangUpNeverStopsTheHandler(t *testing.T) {
 		h := isolated(t, &Handler{MaxResponseSize: 1024})
 		body := strings.Repeat("x", size)
 		var writeErr error
-		up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+		up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 			w.WriteHeader(http.StatusCreated)
 			for i := 0; i < len(body) && writeErr == nil; i += 100 {
 				_, writeErr = w.Write([]byte(body[i:min(i+100, len(body))]))
@@ -116,7 +187,7 @@ func TestClientHangUpNeverStopsTheHandler(t *testing.T) {
 		if omitted := r.Header().Get(bodyOmittedHeader) == "true"; omitted != (size > 1024) || (!omitted && r.Body.String() != body) {
 			t.Fatalf("%d bytes: body omitted=%v, body %d bytes", size, omitted, r.Body.Len())
 		}
-		if n := up.calls.Load(); n != 1 {
+		if n := up.Calls.Load(); n != 1 {
 			t.Fatalf("%d bytes: upstream ran %d times, want 1", size, n)
 		}
 	}
@@ -149,12 +220,14 @@ func counterValue(c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
-func TestHandlerErrorFreesTheKey(t *testing.T) {
+// A dial error frees the key: the retry runs and gets the upstream's
+// answer.
+func TestADialErrorFreesTheKey(t *testing.T) {
 	h := isolated(t, &Handler{})
 	fail := true
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		if fail {
-			return caddyhttp.Error(http.StatusBadGateway, errors.New("dial upstream: connection refused"))
+			return dialError()
 		}
 		w.WriteHeader(http.StatusCreated)
 		return nil
@@ -164,14 +237,16 @@ func TestHandlerErrorFreesTheKey(t *testing.T) {
 	}
 	fail = false
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
-		t.Fatalf("retry after a handler error must run: %d", w.Code)
+		t.Fatalf("retry after a dial error must run: %d", w.Code)
 	}
 }
 
-func TestPanicFreesTheKey(t *testing.T) {
-	h := isolated(t, &Handler{})
+// on_unknown_outcome release frees the key of an unknown outcome, as
+// every failure before a status did before: the retry runs.
+func TestOnUnknownOutcomeReleaseFreesTheKey(t *testing.T) {
+	h := isolated(t, &Handler{OnUnknownOutcome: unknownOutcomeRelease})
 	panics := true
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		if panics {
 			panic("boom")
 		}
@@ -188,13 +263,13 @@ func TestPanicFreesTheKey(t *testing.T) {
 	}()
 	panics = false
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
-		t.Fatalf("retry after a panic must run: %d", w.Code)
+		t.Fatalf("retry after a panic must run with on_unknown_outcome release: %d", w.Code)
 	}
 }
 
 func TestErrorAfterResponseStartedStillCountsAsDone(t *testing.T) {
 	h := isolated(t, &Handler{})
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"id":`))
 		return errors.New("upstream reset mid-body")
@@ -205,7 +280,7 @@ func TestErrorAfterResponseStartedStillCountsAsDone(t *testing.T) {
 		t.Fatalf("retry: %d omitted=%q body=%q; want the status replayed without the partial body",
 			w.Code, w.Header().Get("Idempotent-Body-Omitted"), w.Body.String())
 	}
-	if up.calls.Load() != 1 {
-		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	if up.Calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.Calls.Load())
 	}
 }

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
@@ -37,11 +39,18 @@ func (d *discardWriter) WriteHeader(status int)      { d.status = status }
 func (d *discardWriter) SetWriteDeadline(time.Time) error { return nil }
 
 // benchHandler is a handler on a memory store of its own that holds every
-// key a benchmark makes (one client makes them all).
-func benchHandler(b *testing.B) *Handler {
+// key a benchmark makes (one client makes them all), configured further
+// by opts.
+func benchHandler(b testing.TB, opts ...func(*Handler)) *Handler {
 	h := &Handler{StorageRaw: json.RawMessage(`{"backend":"memory","max_keys":` + strconv.FormatInt(900_000_000+nextMaxKeys.Add(1), 10) + `,"max_keys_per_scope":100000000}`)}
+	for _, opt := range opts {
+		opt(h)
+	}
 	return provision(b, h)
 }
+
+// newBenchWriter is the response writer of a benchmark's request.
+func newBenchWriter() *discardWriter { return &discardWriter{h: http.Header{}} }
 
 // storeBenchHandler is a handler on a store of the tests' shared Redis or
 // PostgreSQL server (storage is its JSON config), for the benchmarks of
@@ -101,7 +110,7 @@ func nopNext() caddyhttp.Handler {
 
 func TestPassThroughAllocatesNothing(t *testing.T) {
 	h := isolated(t, &Handler{})
-	w := &discardWriter{h: http.Header{}}
+	w := newBenchWriter()
 	r := caddyhttp.PrepareRequest(httptest.NewRequest(http.MethodGet, "/orders", nil), caddy.NewReplacer(), w, nil)
 	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
 	if n := testing.AllocsPerRun(1000, func() { _ = h.ServeHTTP(w, r, next) }); n != 0 {
@@ -111,7 +120,7 @@ func TestPassThroughAllocatesNothing(t *testing.T) {
 
 func BenchmarkPassThrough(b *testing.B) {
 	h := isolated(b, &Handler{})
-	w := &discardWriter{h: http.Header{}}
+	w := newBenchWriter()
 	r := caddyhttp.PrepareRequest(httptest.NewRequest(http.MethodGet, "/orders", nil), caddy.NewReplacer(), w, nil)
 	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
 	b.ReportAllocs()
@@ -181,10 +190,10 @@ func redisBenchHandler(b *testing.B) *Handler {
 func benchReplays(b *testing.B, h *Handler, parallel bool) {
 	body := benchJSON()
 	next := nopNext()
-	w := &discardWriter{h: http.Header{}}
+	w := newBenchWriter()
 	serveCreated(b, h, w, benchRequest("replayed", body, w), next)
 	replay := func() error {
-		w := &discardWriter{h: http.Header{}}
+		w := newBenchWriter()
 		if err := h.ServeHTTP(w, benchRequest("replayed", body, w), next); err != nil || w.h.Get("Idempotent-Replayed") != "true" {
 			return fmt.Errorf("not a replay: status %d, error %v", w.status, err)
 		}
@@ -229,7 +238,7 @@ func BenchmarkRequestSetup(b *testing.B) {
 	b.ReportAllocs()
 	defer cpuPerOp(b)()
 	for b.Loop() {
-		w := &discardWriter{h: http.Header{}}
+		w := newBenchWriter()
 		_ = benchRequest("replayed", body, w)
 	}
 }
@@ -244,12 +253,93 @@ func benchNewKeys(b *testing.B, h *Handler, newBodies bool) {
 	b.SetBytes(int64(len(body)))
 	i := 0
 	for b.Loop() {
-		w := &discardWriter{h: http.Header{}}
+		w := newBenchWriter()
 		i++
 		sent := body
 		if newBodies {
 			sent = append(append(strconv.AppendInt(append(body[:0:0], `{"amount":`...), int64(i), 10), ','), body[1:]...)
 		}
 		serveCreated(b, h, w, benchRequest("new-"+strconv.Itoa(i), sent, w), next)
+	}
+}
+
+// BenchmarkReplayGzip is BenchmarkReplay with the body gzipped, and
+// BenchmarkReplayZstd in zstd: what decoding a coded body adds to a replay
+// (a body sent as it is pays nothing of it).
+func BenchmarkReplayGzip(b *testing.B) { benchCodedReplays(b, "gzip") }
+
+func BenchmarkReplayZstd(b *testing.B) { benchCodedReplays(b, "zstd") }
+
+func benchCodedReplays(b *testing.B, coding string) {
+	h := benchHandler(b)
+	var buf bytes.Buffer
+	var zw io.WriteCloser = gzip.NewWriter(&buf)
+	if coding == "zstd" {
+		zw, _ = zstd.NewWriter(&buf, zstd.WithEncoderConcurrency(1))
+	}
+	_, _ = zw.Write(benchJSON())
+	_ = zw.Close()
+	body := buf.Bytes()
+	next := nopNext()
+	request := func(w http.ResponseWriter) *http.Request {
+		r := benchRequest("replayed", body, w)
+		r.Header.Set("Content-Encoding", coding)
+		return r
+	}
+	w := newBenchWriter()
+	serveCreated(b, h, w, request(w), next)
+	b.ReportAllocs()
+	defer cpuPerOp(b)()
+	b.SetBytes(int64(len(benchJSON())))
+	for b.Loop() {
+		w := newBenchWriter()
+		if err := h.ServeHTTP(w, request(w), next); err != nil || w.h.Get("Idempotent-Replayed") != "true" {
+			b.Fatalf("not a replay: status %d, error %v", w.status, err)
+		}
+	}
+}
+
+// BenchmarkConflict is a 409: the key is held by a request still running
+// (in_flight reject, so that the answer comes at once).
+func BenchmarkConflict(b *testing.B) {
+	h := benchHandler(b, func(h *Handler) { h.InFlight = inFlightReject })
+	body := benchJSON()
+	next := nopNext()
+	entered, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		w := newBenchWriter()
+		_ = h.ServeHTTP(w, benchRequest("held", body, w), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			close(entered)
+			<-release
+			return next.ServeHTTP(w, r)
+		}))
+	}()
+	<-entered
+	defer close(release)
+	benchAnswers(b, h, "held", body, next, http.StatusConflict)
+}
+
+// BenchmarkMismatch is a 422: the key was used for a request with
+// another body, and the problem names what differs.
+func BenchmarkMismatch(b *testing.B) {
+	h := benchHandler(b)
+	body := benchJSON()
+	next := nopNext()
+	w := newBenchWriter()
+	serveCreated(b, h, w, benchRequest("reused", body, w), next)
+	benchAnswers(b, h, "reused", append([]byte(`{"amount":7,`), body[1:]...), next, http.StatusUnprocessableEntity)
+}
+
+// benchAnswers sends h the same request (key and body) in a loop, and
+// fails b unless each is answered with want.
+func benchAnswers(b *testing.B, h *Handler, key string, body []byte, next caddyhttp.Handler, want int) {
+	b.ReportAllocs()
+	defer cpuPerOp(b)()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		w := newBenchWriter()
+		if err := h.ServeHTTP(w, benchRequest(key, body, w), next); err != nil || w.status != want {
+			b.Fatalf("status %d, error %v; want %d", w.status, err, want)
+		}
 	}
 }

@@ -8,7 +8,7 @@ import (
 func TestServerErrorsFreeTheKey(t *testing.T) {
 	h := isolated(t, &Handler{})
 	status := http.StatusBadGateway
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(status)
 		return nil
 	}}
@@ -22,14 +22,14 @@ func TestServerErrorsFreeTheKey(t *testing.T) {
 	if w := serve(h, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatal("the 201 was not recorded")
 	}
-	if up.calls.Load() != 2 {
-		t.Fatalf("upstream ran %d times, want 2", up.calls.Load())
+	if up.Calls.Load() != 2 {
+		t.Fatalf("upstream ran %d times, want 2", up.Calls.Load())
 	}
 }
 
 func TestClientErrorsAreRecorded(t *testing.T) {
 	h := isolated(t, &Handler{})
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusPaymentRequired)
 		_, _ = w.Write([]byte("card declined"))
 		return nil
@@ -39,29 +39,29 @@ func TestClientErrorsAreRecorded(t *testing.T) {
 	if w.Code != http.StatusPaymentRequired || w.Body.String() != "card declined" || w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("4xx not replayed: %d %q", w.Code, w.Body.String())
 	}
-	if up.calls.Load() != 1 {
-		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	if up.Calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.Calls.Load())
 	}
 }
 
 func TestReleaseOnReplacesTheDefault(t *testing.T) {
 	h := isolated(t, &Handler{ReleaseOn: []string{"429", "503"}})
 	status := http.StatusTooManyRequests
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(status)
 		return nil
 	}}
 	serve(h, up, request("a", "{}"))
 	serve(h, up, request("a", "{}"))
-	if up.calls.Load() != 2 {
-		t.Fatalf("429 must free the key: %d calls", up.calls.Load())
+	if up.Calls.Load() != 2 {
+		t.Fatalf("429 must free the key: %d calls", up.Calls.Load())
 	}
 	status = http.StatusInternalServerError // not listed: recorded
 	serve(h, up, request("b", "{}"))
 	if w := serve(h, up, request("b", "{}")); w.Code != http.StatusInternalServerError || w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("500 with release_on 429 503 must be replayed: %d", w.Code)
 	}
-	if up.calls.Load() != 3 {
-		t.Fatalf("upstream ran %d times, want 3", up.calls.Load())
+	if up.Calls.Load() != 3 {
+		t.Fatalf("upstream ran %d times, want 3", up.Calls.Load())
 	}
 }

@@ -82,8 +82,9 @@ func headerChanges(h, outer http.Header) http.Header {
 // replay gets values of its own: an outer handler that rewrites a value
 // in place (a `header` replace) must never reach a record that other
 // replays share. A non-empty marker header is set to "true" with them (the
-// replay header: its value shares their allocation).
-func replayHeader(hdr, recorded http.Header, marker string) (trailers []string) {
+// replay header: its value shares their allocation), in buf when they
+// fit (the exchange's own array: no allocation for a few headers).
+func replayHeader(hdr, recorded http.Header, marker string, buf []string) (trailers []string) {
 	appended, deleted := recorded[appendedName], recorded[deletedName]
 	// One backing array for the copies: a replay costs one allocation for
 	// its header values, however many there are.
@@ -91,7 +92,10 @@ func replayHeader(hdr, recorded http.Header, marker string) (trailers []string) 
 	for _, values := range recorded {
 		n += len(values)
 	}
-	own := make([]string, 1, n+1)
+	own := buf[:1]
+	if cap(buf) < n+1 {
+		own = make([]string, 1, n+1)
+	}
 	own[0] = "true"
 	for name, values := range recorded {
 		switch {

@@ -3,11 +3,9 @@ package idempotency
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -47,56 +46,20 @@ func isolated(t testing.TB, h *Handler) *Handler {
 }
 
 // upstream is a next handler that counts its executions.
-type upstream struct {
-	calls atomic.Int64
-	serve func(w http.ResponseWriter, r *http.Request) error
-}
+type upstream = backendtest.Upstream
 
-func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
-	u.calls.Add(1)
-	if u.serve != nil {
-		return u.serve(w, r)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Order", "42")
-	w.WriteHeader(http.StatusCreated)
-	_, err := io.WriteString(w, `{"order":42}`)
-	return err
-}
-
-// holdInFlight serves r on h in the background through an upstream that
-// stops until release is called, and returns once that upstream runs: a
-// request held in flight for as long as a test needs. Released, the
-// upstream answers 201; done then yields the response.
+// holdInFlight serves r on h in the background, held in flight until
+// release (backendtest.HoldInFlight).
 func holdInFlight(h *Handler, r *http.Request) (up *upstream, release func(), done <-chan *httptest.ResponseRecorder) {
-	started, proceed := make(chan struct{}), make(chan struct{})
-	up = &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
-		close(started)
-		<-proceed
-		w.WriteHeader(http.StatusCreated)
-		return nil
-	}}
-	responses := make(chan *httptest.ResponseRecorder, 1)
-	go func() { responses <- serve(h, up, r) }()
-	<-started
-	return up, func() { close(proceed) }, responses
+	return backendtest.HoldInFlight(h, r)
 }
 
 // request builds a POST with a key (none when key is "").
-func request(key, body string) *http.Request {
-	r := httptest.NewRequest(http.MethodPost, "http://example.com/orders", strings.NewReader(body))
-	r.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		r.Header.Set("Idempotency-Key", key)
-	}
-	return r
-}
+func request(key, body string) *http.Request { return backendtest.Request(key, body) }
 
 // serve runs one request through h in a Caddy-prepared request context.
 func serve(h *Handler, next caddyhttp.Handler, r *http.Request) *httptest.ResponseRecorder {
-	w := httptest.NewRecorder()
-	serveTo(h, next, w, r)
-	return w
+	return backendtest.Serve(h, next, r)
 }
 
 // serveAborting runs serveTo for a client that does not get the whole
@@ -109,18 +72,7 @@ func serveAborting(h *Handler, next caddyhttp.Handler, w http.ResponseWriter, r 
 }
 
 func serveTo(h *Handler, next caddyhttp.Handler, w http.ResponseWriter, r *http.Request) error {
-	repl := caddy.NewReplacer()
-	r = caddyhttp.PrepareRequest(r, repl, w, nil)
-	err := h.ServeHTTP(w, r, next)
-	if err != nil {
-		// Caddy's server would answer with the error's status.
-		if he, ok := err.(caddyhttp.HandlerError); ok {
-			w.WriteHeader(he.StatusCode)
-		} else {
-			w.WriteHeader(http.StatusInternalServerError)
-		}
-	}
-	return err
+	return backendtest.ServeTo(h, next, w, r, caddy.NewReplacer())
 }
 
 // servePlaceholders runs one request and returns the replacer too.
@@ -156,8 +108,8 @@ func records(h *Handler) int {
 // useStore puts store under h in place of its backend's, as Provision
 // would have: h's keeper observes it, and aftercare writes to it.
 func (h *Handler) useStore(store storage.Store) {
-	h.keeper = newKeeper(observe(store, h.backendName, h.keeper.store.holder), time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger)
-	h.keeper.runShort = h.policy.onStorageError == failOpen
+	h.keeper = newKeeper(keeperOptions{store: instrument(store, h.backendName, h.keeper.store.holder), lockTimeout: time.Duration(h.policy.lockTimeout), ttl: time.Duration(h.policy.ttl), logger: h.logger})
+	h.keeper.runShort = h.policy.failOpen
 }
 
 // rawStore is the store h's requests talk to, unobserved (nil before

@@ -80,8 +80,8 @@ func TestPostgresCleanupDeletesExpiredRows(t *testing.T) {
 	if w := serve(h, up, request("k", "{}")); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
 		t.Fatalf("after expiry: %d replayed=%q, want a new execution", w.Code, w.Header().Get("Idempotent-Replayed"))
 	}
-	if up.calls.Load() != 2 {
-		t.Fatalf("upstream ran %d times, want 2", up.calls.Load())
+	if up.Calls.Load() != 2 {
+		t.Fatalf("upstream ran %d times, want 2", up.Calls.Load())
 	}
 }
 
@@ -172,11 +172,11 @@ func TestPostgresFailoverFactsAndReadOnlyServer(t *testing.T) {
 	if w := serve(closed, up, request("k2", "{}")); w.Code != http.StatusServiceUnavailable {
 		t.Errorf("fail_closed on the standby: %d, want 503", w.Code)
 	}
-	if n := up.calls.Load(); n != 1 {
+	if n := up.Calls.Load(); n != 1 {
 		t.Errorf("fail_closed on the standby: the upstream ran (%d calls)", n)
 	}
-	if w := serve(open, up, request("k3", "{}")); w.Code != http.StatusCreated || up.calls.Load() != 2 {
-		t.Errorf("fail_open on the standby: %d, upstream calls %d; want the request passed on", w.Code, up.calls.Load())
+	if w := serve(open, up, request("k3", "{}")); w.Code != http.StatusCreated || up.Calls.Load() != 2 {
+		t.Errorf("fail_open on the standby: %d, upstream calls %d; want the request passed on", w.Code, up.Calls.Load())
 	}
 	lines := logs.All()
 	if len(lines) != 1 || !strings.Contains(fmt.Sprint(lines[0].ContextMap()["error"]), "connected to a read-only server: the records cannot be written there; a standby (in recovery") {

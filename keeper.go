@@ -14,9 +14,9 @@ import (
 // keeper owns a request's conversation with its handler's store: what a
 // request says to the store (claim, await, complete, release), the lease
 // it holds meanwhile, and the writes aftercare takes over when the store
-// cannot take them at once. Its store calls are observed (observed.go).
+// cannot take them at once. Its store calls are observed (store.go).
 type keeper struct {
-	store       *observedStore
+	store       *instrumentedStore
 	lockTimeout time.Duration
 	ttl         time.Duration
 	logger      *zap.Logger
@@ -27,13 +27,21 @@ type keeper struct {
 	runShort bool
 }
 
-// newKeeper is the keeper of a handler's requests on store: leases of
-// lockTimeout, records kept for ttl, writes the store cannot take at once
-// retried in the background while the store is held open.
-func newKeeper(store *observedStore, lockTimeout, ttl time.Duration, logger *zap.Logger) *keeper {
-	return &keeper{store: store, lockTimeout: lockTimeout, ttl: ttl, logger: logger,
-		aftercare: &aftercare{store: store, hold: store.hold, logger: logger,
-			backlog: metrics.aftercare.WithLabelValues(store.backend), abandons: metrics.abandons.WithLabelValues(store.backend)}}
+// keeperOptions is what a keeper keeps a handler's requests with.
+type keeperOptions struct {
+	store       *instrumentedStore
+	lockTimeout time.Duration // a lease's length
+	ttl         time.Duration // how long records are kept
+	logger      *zap.Logger
+}
+
+// newKeeper is the keeper of a handler's requests on o.store: leases of
+// o.lockTimeout, records kept for o.ttl, writes the store cannot take at
+// once retried in the background while the store is held open.
+func newKeeper(o keeperOptions) *keeper {
+	return &keeper{store: o.store, lockTimeout: o.lockTimeout, ttl: o.ttl, logger: o.logger,
+		aftercare: &aftercare{store: o.store, hold: o.store.hold, logger: o.logger,
+			backlog: metrics.aftercare.WithLabelValues(o.store.backend), abandons: metrics.abandons.WithLabelValues(o.store.backend)}}
 }
 
 // claim reserves key for a request. A reservation that an earlier
@@ -106,13 +114,24 @@ func (k *keeper) holdLease(key storage.Key, token storage.Token) *lease {
 // alive meanwhile.
 func (k *keeper) complete(ctx context.Context, key storage.Key, token storage.Token, resp *storage.Response) {
 	l := leaseFrom(ctx)
-	l.settle()
+	l.ending()
 	err := k.store.Complete(detach(ctx), key, token, resp, k.ttl)
 	switch {
 	case err == nil:
 	case errors.Is(err, storage.ErrLeaseLost):
 		k.logger.Warn("idempotency lease was lost before the response could be recorded; a retry may run again",
 			zap.String("key_hash", key.Hash()))
+	case errors.Is(err, storage.ErrNotReplicated):
+		// Written on the primary, but fewer replicas (or no synchronous
+		// standby) than the store waits for have it: a failover now would
+		// bring the record back in flight under this lease, and a retry
+		// would run again once the lease lapsed. It is sent again, its
+		// lease renewed meanwhile, until they have it or a new primary
+		// does. (The store counts and logs the shortfall.)
+		if c := k.logger.Check(zapcore.DebugLevel, "idempotent response not replicated yet; sending it again in the background"); c != nil {
+			c.Write(zap.String("backend", k.store.backend), zap.String("key_hash", key.Hash()), zap.Error(err))
+		}
+		k.aftercare.add(&chore{kind: choreComplete, key: key, token: token, resp: resp, ttl: k.ttl, until: k.aftercareDeadline(), lease: l.keep(), replicas: true})
 	case errors.Is(err, storage.ErrInvalid):
 		// Retrying a write the store refuses for what it is would only
 		// keep the key in flight for longer: its lease lapses.
@@ -131,7 +150,7 @@ func (k *keeper) complete(ctx context.Context, key storage.Key, token storage.To
 // still running, until the key is free).
 func (k *keeper) release(ctx context.Context, key storage.Key, token storage.Token, why string) {
 	l := leaseFrom(ctx)
-	l.settle()
+	l.ending()
 	err := k.store.Release(detach(ctx), key, token)
 	switch {
 	case err == nil:
@@ -177,3 +196,46 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	}
 }
+
+// detachedContext is context.WithoutCancel's context, as a pointer that
+// can live inside the exchange: WithoutCancel allocates, and its Value
+// boxes the context again on every lookup (a store call looks up its
+// span, the lease and the logger's fields several times).
+//
+// The context of the write that settles a record also carries its lease
+// (withLease's value, without an allocation of its own).
+type detachedContext struct {
+	parent context.Context
+	lease  *lease // nil: none of its own
+}
+
+// detach returns ctx without its cancellation and deadline, and with its
+// values.
+func detach(ctx context.Context) context.Context {
+	if d, ok := ctx.(*detachedContext); ok {
+		return d
+	}
+	return &detachedContext{parent: ctx}
+}
+
+func (*detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*detachedContext) Done() <-chan struct{}       { return nil }
+func (*detachedContext) Err() error                  { return nil }
+
+// Value is the parent's, but for the context package's own lookup of the
+// cancelable context above (context.Cause, AfterFunc): a *int key whose
+// value is a context. A detached context has none, as WithoutCancel's.
+func (c *detachedContext) Value(key any) any {
+	if _, isLease := key.(leaseKey); isLease && c.lease != nil {
+		return c.lease
+	}
+	v := c.parent.Value(key)
+	if _, isContext := v.(context.Context); isContext {
+		if _, isIntPointer := key.(*int); isIntPointer {
+			return nil
+		}
+	}
+	return v
+}
+
+func (c *detachedContext) String() string { return "idempotency.detached" }

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ func testKeeper(t *testing.T, backend string) (*keeper, storage.Store) {
 	t.Helper()
 	s := memory.New(memory.Options{})
 	t.Cleanup(func() { s.Close() })
-	k := newKeeper(observe(s, backend, nil), time.Minute, time.Hour, zap.NewNop())
+	k := newKeeper(keeperOptions{store: instrument(s, backend, nil), lockTimeout: time.Minute, ttl: time.Hour, logger: zap.NewNop()})
 	return k, s
 }
 
@@ -94,5 +95,33 @@ func TestKeeperReleaseFreesTheKey(t *testing.T) {
 	k.release(context.Background(), key, res.Token, "test")
 	if res, err := k.claim(context.Background(), key, fp); err != nil || res.Outcome != storage.Acquired {
 		t.Fatalf("reserve after release: %v %v, want the key free", res.Outcome, err)
+	}
+}
+
+type detachKey struct{}
+
+func TestDetachedContextIsWithoutCancel(t *testing.T) {
+	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), detachKey{}, "v"))
+	d := detach(parent)
+	cancel(errors.New("client gone"))
+	if d.Err() != nil || d.Done() != nil {
+		t.Fatalf("detached context: Err %v, Done %v; want neither", d.Err(), d.Done())
+	}
+	if _, ok := d.Deadline(); ok {
+		t.Fatal("detached context has a deadline")
+	}
+	if cause := context.Cause(d); cause != nil {
+		t.Fatalf("context.Cause of the detached context = %v, want nil as WithoutCancel's", cause)
+	}
+	if v := d.Value(detachKey{}); v != "v" {
+		t.Fatalf("value %v, want the parent's", v)
+	}
+	child, stop := context.WithCancel(d)
+	defer stop()
+	if child.Err() != nil {
+		t.Fatal("a child of the detached context is cancelled with the parent")
+	}
+	if detach(d) != d {
+		t.Fatal("detaching a detached context makes another")
 	}
 }

@@ -1,9 +1,11 @@
 package idempotency
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -25,6 +27,12 @@ type keyedRequest struct {
 	body   *bufferedBody
 	unhold func()
 
+	// content is the body as the fingerprint and key_json read it: the
+	// body as sent, or what it decodes to (in decoded, pooled) when its
+	// Content-Encoding names codings the handler decodes.
+	content []byte
+	decoded *bytes.Buffer
+
 	// canonical is the canonical JSON the fingerprint hashed, when it
 	// encoded the body, for the detail of a new key (nil otherwise); its
 	// buffer is pooled.
@@ -37,12 +45,13 @@ type keyedRequest struct {
 func (k *keyedRequest) done() {
 	k.body.Close()
 	k.unhold()
-	if k.canonBuf != nil {
-		if cap(*k.canonBuf) <= maxPooledBody {
-			canonPool.Put(k.canonBuf)
+	if k.decoded != nil {
+		if k.decoded.Cap() <= maxPooledBody {
+			bodyPool.Put(k.decoded)
 		}
-		k.canonBuf, k.canonical = nil, nil
+		k.decoded, k.content = nil, nil
 	}
+	k.dropCanonical()
 }
 
 // canonPool holds the buffers of keyedRequest.canonical.
@@ -53,23 +62,26 @@ var canonPool = sync.Pool{New: func() any { return new([]byte) }}
 // the answer table).
 type refusal struct {
 	why  refused
-	err  error  // keyMalformed, keyAmbiguous: what the parser said; bodyUnreadable: the read error
-	what string // keyJSONInvalid: what is wrong with the key at key_json
+	err  error  // keyMalformed, keyAmbiguous: what the parser said; bodyUnreadable: the read error; bodyNotDecoded: why
+	what string // keyJSONInvalid: what is wrong with the key at key_json; bodyCodingUnsupported: the codings
 }
 
 // refused is a reason a request cannot be keyed.
 type refused uint8
 
 const (
-	noKey          refused = iota + 1 // no key header, and none at key_json
-	keyMalformed                      // the key header is not a key
-	noScope                           // the scope is blank: no client identity
-	storeClosed                       // the handler's store closed as the request arrived (a reload)
-	bodyTooLarge                      // the body is over max_body_size
-	bodyUnreadable                    // the body could not be read
-	keyAmbiguous                      // a member twice on the way to key_json
-	keyJSONInvalid                    // the value at key_json is not a key
-	bodyNotJSON                       // a body declared as JSON is not JSON
+	noKey                 refused = iota + 1 // no key header, and none at key_json
+	keyMalformed                             // the key header is not a key
+	noScope                                  // the scope is blank: no client identity
+	storeClosed                              // the handler's store closed as the request arrived (a reload)
+	bodyTooLarge                             // the body is over max_body_size
+	bodyUnreadable                           // the body could not be read
+	keyAmbiguous                             // a member twice on the way to key_json
+	keyJSONInvalid                           // the value at key_json is not a key
+	bodyNotJSON                              // a body declared as JSON is not JSON
+	bodyNotDecoded                           // the body does not decode as its Content-Encoding says
+	bodyCodingUnsupported                    // key_json in a body of codings the handler does not decode
+	bodyDecodedTooLarge                      // the body decodes to more than max_body_size
 )
 
 // refusedNoKey is the refusal of a request without a key (the usual one:
@@ -100,7 +112,7 @@ func (h *Handler) keyRequest(into *keyedRequest, r *http.Request, repl *caddy.Re
 			return nil, &refusal{why: keyMalformed, err: err}
 		}
 	}
-	scope, ok := h.policy.scope.hash(repl, r, h.policy.mode.traits().scopePrefix)
+	scope, hashes, ok := h.policy.scope.hash(repl, r, h.policy.mode.traits().scopePrefix)
 	if !ok {
 		return nil, &refusal{why: noScope}
 	}
@@ -111,7 +123,14 @@ func (h *Handler) keyRequest(into *keyedRequest, r *http.Request, repl *caddy.Re
 	if !ok {
 		return nil, &refusal{why: storeClosed}
 	}
-	body, err := readBody(r, h.policy.maxBodySize, &into.bodyStore)
+	// A coded body is read whole as it was sent (up to its coding's
+	// overhead over the limit), then decoded within the limit.
+	codings := fingerprint.ParseCodings(r.Header["Content-Encoding"])
+	limit := h.policy.maxBodySize
+	if codings.Decoded() {
+		limit = codedBodyLimit(limit)
+	}
+	body, err := readBody(r, limit, &into.bodyStore)
 	if err != nil {
 		unhold()
 		if errors.Is(err, errBodyTooLarge) {
@@ -120,24 +139,35 @@ func (h *Handler) keyRequest(into *keyedRequest, r *http.Request, repl *caddy.Re
 		return nil, &refusal{why: bodyUnreadable, err: err}
 	}
 	k = into
-	k.body, k.unhold = body, unhold
+	k.body, k.unhold, k.content = body, unhold, body.Bytes()
+	if codings.Decoded() && body.Len() > 0 {
+		if ref := k.decode(codings, h.policy.maxBodySize); ref != nil {
+			return k, ref
+		}
+	}
 	if id == "" {
-		if id, ref = h.keyFromBody(body.Bytes()); ref != nil {
+		if codings.Undecoded() != "" && body.Len() > 0 {
+			// The key is in a body it cannot read: refuse it rather than
+			// pass it on without protection.
+			return k, &refusal{why: bodyCodingUnsupported, what: codings.Undecoded()}
+		}
+		if id, ref = h.keyFromBody(k.content); ref != nil {
 			return k, ref
 		}
 	}
 	k.key = storage.Key{Scope: scope, ID: id}
-	k.hash = k.key.Hash()
+	k.hash = hashes.keyHash(k.key)
 	repl.Set(h.policy.mode.traits().keyHash, k.hash)
 
 	k.path = r.URL.EscapedPath()
 	k.canonBuf = canonPool.Get().(*[]byte)
-	fp, canon, canonical := h.policy.fingerprint.SumJSONCanonical(k.sum[:0], (*k.canonBuf)[:0], r.Method, k.path, r.URL.RawQuery, r.Header, body.Bytes())
+	fp, canon, canonical := h.policy.fingerprint.SumJSONCanonical(k.sum[:0], (*k.canonBuf)[:0], r.Method, k.path, r.URL.RawQuery, r.Header, k.content)
 	*k.canonBuf = canon
 	if len(canon) > 0 {
 		k.canonical = canon
 	}
-	if !canonical && h.policy.fingerprint.CanonicalJSON() && body.Len() > 0 && fingerprint.DeclaresJSON(r.Header) && !json.Valid(body.Bytes()) {
+	if !canonical && h.policy.fingerprint.CanonicalJSON() && len(k.content) > 0 && codings.Undecoded() == "" &&
+		fingerprint.DeclaresJSON(r.Header) && !json.Valid(k.content) {
 		// A body that says it is JSON and is not cannot be compared by
 		// meaning, and no JSON upstream can act on it: refuse it here,
 		// before anything is stored.
@@ -145,6 +175,36 @@ func (h *Handler) keyRequest(into *keyedRequest, r *http.Request, repl *caddy.Re
 	}
 	k.fp = fp
 	return k, nil
+}
+
+// decode decodes the body into a pooled buffer of its own, within limit:
+// the content the request is fingerprinted and keyed by. The body itself
+// goes on to the next handler as it was sent.
+func (k *keyedRequest) decode(codings fingerprint.Codings, limit int64) *refusal {
+	k.decoded = bodyPool.Get().(*bytes.Buffer)
+	k.decoded.Reset()
+	err := fingerprint.DecodeContent(k.decoded, codings, k.body.Bytes(), limit)
+	k.content = k.decoded.Bytes()
+	switch {
+	case errors.Is(err, fingerprint.ErrContentTooLarge):
+		return &refusal{why: bodyDecodedTooLarge}
+	case err != nil:
+		return &refusal{why: bodyNotDecoded, err: err}
+	}
+	return nil
+}
+
+// codedBodyLimit is how many bytes a body with codings the handler
+// decodes may be sent in: max_body_size and the codings' overhead (a
+// 64th and 256 bytes, more than gzip, zlib and zstd add to content that
+// does not compress, four times over), so that any content within the
+// limit is taken, in any coding.
+func codedBodyLimit(limit int64) int64 {
+	overhead := limit/64 + 256
+	if limit > math.MaxInt64-overhead {
+		return math.MaxInt64
+	}
+	return limit + overhead
 }
 
 // keyFromBody finds the key at key_json in a JSON body: a string under the

@@ -53,21 +53,32 @@ func (l *lease) alive() bool {
 
 // renewed takes the store's answer to one renewal: whether the loss of
 // the lease is news (a request still running lost it).
+//
+// Once the write that ends the lease was sent, a lost lease is expected
+// (the record is completed or released where the write landed) and
+// renewal goes on while the lease is held: a chore sending the write
+// again holds it, and a failover may bring back a copy of the record
+// still in flight under this lease (a completion the promoted replica did
+// not get), whose lease must not lapse before the write reaches it. Its
+// renewals are fenced by the token like any other.
 func (l *lease) renewed(err error) (lostRunning bool) {
 	if !errors.Is(err, storage.ErrLeaseLost) {
 		return false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	news := !l.lost && l.holders > 0 && !l.settling
+	if l.settling {
+		return false
+	}
+	news := !l.lost && l.holders > 0
 	l.lost = true
 	return news
 }
 
-// settle says that the write ending the lease (Complete or Release) is
+// ending says that the write ending the lease (Complete or Release) is
 // about to be sent: renewal goes on until it is done, and a renewal that
 // then finds the lease gone is no news.
-func (l *lease) settle() {
+func (l *lease) ending() {
 	if l == nil {
 		return
 	}

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"sync"
@@ -29,6 +30,7 @@ var metrics struct {
 	aftercare     *prometheus.GaugeVec
 	abandons      *prometheus.GaugeVec
 	failOpen      *prometheus.CounterVec
+	unknown       *prometheus.CounterVec
 	servers       sync.Map // server name -> *serverMetrics
 }
 
@@ -40,6 +42,8 @@ type serverMetrics struct {
 	observedByOutcome map[outcome]prometheus.Counter
 	inFlight          prometheus.Gauge
 	failOpen          prometheus.Counter
+	unknownKept       prometheus.Counter // unknown_outcomes_total{action="kept"}
+	unknownReleased   prometheus.Counter // unknown_outcomes_total{action="released"}
 }
 
 // unknownServer is the server label of a request served outside a Caddy
@@ -47,12 +51,40 @@ type serverMetrics struct {
 const unknownServer = "UNKNOWN"
 
 // metricsOf returns the series of the server that serves r.
-func metricsOf(r *http.Request) *serverMetrics {
+func metricsOf(r *http.Request) *serverMetrics { return metricsIn(r.Context()) }
+
+// metricsIn returns the series of the server of a request's context.
+func metricsIn(ctx context.Context) *serverMetrics {
 	name := unknownServer
-	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil && srv.Name() != "" {
+	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil && srv.Name() != "" {
 		name = srv.Name()
 	}
 	return serverMetricsNamed(name)
+}
+
+// countUnknownOutcome counts a request whose outcome is unknown, by
+// whether its key was kept (on_unknown_outcome keep) or released.
+func countUnknownOutcome(ctx context.Context, kept bool) {
+	m := metricsIn(ctx)
+	if kept {
+		m.unknownKept.Inc()
+	} else {
+		m.unknownReleased.Inc()
+	}
+}
+
+// countOutcome counts one request of the server that serves r.
+func countOutcome(r *http.Request, o outcome) {
+	if c := metricsOf(r).byOutcome[o]; c != nil {
+		c.Inc()
+	}
+}
+
+// countObserved counts one request of observe mode.
+func countObserved(r *http.Request, o outcome) {
+	if c := metricsOf(r).observedByOutcome[o]; c != nil {
+		c.Inc()
+	}
 }
 
 func serverMetricsNamed(name string) *serverMetrics {
@@ -65,6 +97,8 @@ func serverMetricsNamed(name string) *serverMetrics {
 		observedByOutcome: make(map[outcome]prometheus.Counter, len(outcomes)),
 		inFlight:          metrics.inFlight.WithLabelValues(name),
 		failOpen:          metrics.failOpen.WithLabelValues(name),
+		unknownKept:       metrics.unknown.WithLabelValues(name, "kept"),
+		unknownReleased:   metrics.unknown.WithLabelValues(name, "released"),
 	}
 	for _, o := range outcomes {
 		m.byOutcome[o] = metrics.requests.WithLabelValues(name, string(o))
@@ -98,6 +132,10 @@ func initMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "fail_open_total",
 			Help: "Requests passed on without idempotency because the store could not be reached (on_storage_error fail_open), by server.",
 		}, []string{"server"})
+		metrics.unknown = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "unknown_outcomes_total",
+			Help: "Requests whose outcome is unknown: the next handler failed before any status after the request may have reached the upstream, by server and action: kept (an outcome-unknown record refuses every retry until ttl or an operator's release) or released (on_unknown_outcome release: a retry runs again).",
+		}, []string{"server", "action"})
 		metrics.aftercare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "aftercare_backlog",
 			Help: "Store writes that settle the records of requests that ran (completions, releases), failed, and are retried in the background, each holding its key in flight until it lands, by backend.",
@@ -115,7 +153,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	collectors := []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare, metrics.abandons, metrics.failOpen}
+	collectors := []prometheus.Collector{metrics.requests, metrics.observed, metrics.storeDuration, metrics.inFlight, metrics.aftercare, metrics.abandons, metrics.failOpen, metrics.unknown}
 	// The storage backends' (records_removed_total), which the handler
 	// registers for them: a backend has no registry of its own.
 	collectors = append(collectors, backend.Collectors()...)

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,9 +22,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/fingerprint"
-	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/placement"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
 )
 
 func init() {
@@ -66,6 +67,18 @@ const (
 	failOpen        = "fail_open"
 	replayHeaderOff = "off"
 )
+
+// The values of on_unknown_outcome.
+const (
+	unknownOutcomeKeep    = "keep"
+	unknownOutcomeRelease = "release"
+)
+
+// framingHeaders are the headers replay_header must not name: those that
+// frame or describe the replayed message or its connection (hop by hop),
+// which a value of "true" would corrupt, and Date, which the server sets.
+var framingHeaders = []string{"Content-Length", "Content-Type", "Content-Encoding", "Content-Range", "Transfer-Encoding",
+	"Date", "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Upgrade"}
 
 var (
 	defaultMethods            = []string{http.MethodPost, http.MethodPatch}
@@ -121,8 +134,13 @@ type Handler struct {
 	// value is hashed (SHA-256) before it reaches the store, so the same
 	// key from two clients or two hosts never collides and raw credentials
 	// are never stored. A request whose scope evaluates to blank is
-	// rejected (400). Default: "{http.request.host}
-	// {http.request.header.Authorization}".
+	// rejected (400 scope-empty, naming the placeholders). Placeholders
+	// are those Caddy sets before the handler runs ({http.request.*},
+	// {http.vars.*}, {http.auth.*}, {http.regexp.*}, {http.matchers.*},
+	// {http.error.*}, {env.*}, {file.*}, {system.*}, {time.*}); another,
+	// and {http.request.header.Host} (always empty: use
+	// {http.request.host}), is a configuration error. Default:
+	// "{http.request.host} {http.request.header.Authorization}".
 	Scope string `json:"scope,omitempty"`
 
 	// The longest key accepted, counted on the unquoted key. Default: 255.
@@ -143,11 +161,27 @@ type Handler struct {
 	Fingerprint *FingerprintConfig `json:"fingerprint,omitempty"`
 
 	// Response statuses that free the key instead of being recorded, so
-	// that a retry runs again: codes ("429") or classes ("5xx"). Handler
-	// errors and panics before a status always free the key. Default:
-	// ["5xx", "401", "403", "407", "408", "429"]: the answers that say
-	// nothing was done.
+	// that a retry runs again: codes ("429") or classes ("5xx") of 3xx to
+	// 5xx (a success says the work was done: 2xx is refused). They are
+	// the statuses the next handler (the upstream) writes; a failure
+	// before any status is on_unknown_outcome's. Default: ["5xx", "401",
+	// "403", "407", "408", "429"]: the answers that say nothing was done.
 	ReleaseOn []string `json:"release_on,omitempty"`
+
+	// What becomes of the key of a request whose outcome is unknown: the
+	// next handler failed before any status after the request may have
+	// reached the upstream (reverse_proxy's response_header_timeout, a
+	// reset or an EOF after the request was sent, a deadline, an error of
+	// a handler that is not a proxy, a panic). "keep" keeps the key as an
+	// outcome-unknown record until ttl: every retry with the key gets a
+	// 502 problem of type urn:caddy-idempotency:outcome-unknown (not
+	// retryable) and never runs, until an operator releases the key (admin
+	// API, `caddy idempotency release`) once the operation is reconciled.
+	// "release" frees the key, so that the retry runs again: the upstream
+	// may then act twice. A failure that provably sent nothing (a dial
+	// error, no upstream available, a 4xx handler error) frees the key
+	// either way. Default: keep.
+	OnUnknownOutcome string `json:"on_unknown_outcome,omitempty"`
 
 	// What a request gets while another with the same key is running:
 	// "wait" (block until the first finishes and replay its response;
@@ -169,8 +203,10 @@ type Handler struct {
 	// idempotency and logs a warning. Default: fail_closed.
 	OnStorageError string `json:"on_storage_error,omitempty"`
 
-	// The response header that marks replays, or "off". Default:
-	// Idempotent-Replayed.
+	// The response header that marks replays, or "off". Not a header
+	// that frames or describes the message or its connection
+	// (Content-Length, Content-Type, Transfer-Encoding, Date, Connection,
+	// ...). Default: Idempotent-Replayed.
 	ReplayHeader string `json:"replay_header,omitempty"`
 
 	// A URL documenting the API's idempotency rules, linked from problem
@@ -189,21 +225,23 @@ type Handler struct {
 
 	// How rejections are answered: "problem" (default) writes an RFC 9457
 	// problem+json response; "handle_errors" returns each rejection (400,
-	// 409, 413, 422, 429, 503) as a handler error with its status, for
+	// 409, 413, 422, 429, 502, 503) as a handler error with its status, for
 	// the site's handle_errors routes to render, where
 	// {http.error.status_code}, {http.error.message} (the detail) and
 	// {http.idempotency.problem} (the problem type) tell them apart.
 	// Retry-After is set on 409, 429 and 503 either way.
 	Errors string `json:"errors,omitempty"`
 
-	// Refuse the config (caddy validate, start, and a reload to it) when
-	// this handler can never run before the handler that answers its
-	// requests: a terminal handler such as reverse_proxy reached first on
-	// its path (earlier in its route, in an enclosing block, in handle
-	// blocks that all answer, through an invoke). Without it such a config
-	// loads, and a warning naming the site, the route and the fix is
-	// logged. The Caddyfile sets it on every idempotency directive with
-	// the global option `idempotency { strict }`.
+	// A config in which this handler can never run before the handler
+	// that answers its requests (a terminal handler such as reverse_proxy
+	// reached first on its path: earlier in its route, in an enclosing
+	// block, in handle blocks that all answer, through an invoke) is
+	// always refused, in caddy validate, at start and on a reload. Strict
+	// refuses one in which the requests that reach an upstream skip it
+	// and nothing after it answers the others, too; without it such a
+	// config loads, and a warning names the site, the route and the fix.
+	// The Caddyfile sets it on every idempotency directive with the
+	// global option `idempotency { strict }`.
 	Strict bool `json:"strict,omitempty"`
 
 	// A JSON Pointer (RFC 6901) into the request body where the key is
@@ -218,7 +256,7 @@ type Handler struct {
 	backendName  string          // its name: memory, redis, postgres
 	keeper       *keeper         // the requests' conversation with the store
 	nothingAfter uint32          // warnNothingAfter has warned (atomic)
-	waiting      int32           // requests waiting for an in-flight first one (atomic)
+	waiters      *waitRoom       // requests waiting for an in-flight first one
 	logger       *zap.Logger
 
 	// What requests run on, set by Provision: requests read
@@ -242,14 +280,15 @@ type policy struct {
 	maxResponseSize int64
 	fingerprint     *fingerprint.Fingerprinter
 	releaseOn       statusSet
-	inFlight        string
+	waitInFlight    bool // in_flight wait
 	waitTimeout     caddy.Duration
-	onStorageError  string
+	failOpen        bool   // on_storage_error fail_open
 	replayHeader    string // canonical; empty for off
 	docsURL         string
 	mode            mode                 // how the handler acts on an answer
-	errors          string               // errors problem or handle_errors
+	errorRoutes     bool                 // errors handle_errors
 	keyJSON         *fingerprint.Pointer // nil without key_json
+	keepUnknown     bool                 // on_unknown_outcome keep
 }
 
 // FingerprintConfig chooses what a request's fingerprint covers: always the
@@ -293,11 +332,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
-	if err := joinPlacementCheck(ctx); err != nil {
+	if err := placement.Join(ctx); err != nil {
 		return err
 	}
 	return h.loadStorage(ctx)
 }
+
+// modes are the values of the mode option (mode.go).
+var modes = map[string]mode{modeEnforce: enforcing{}, modeObserve: observing{}}
 
 // compile fills in defaults, checks every option and builds the policy
 // that requests run on. It is pure (no I/O, no placeholders) and leaves
@@ -337,14 +379,30 @@ func (h *Handler) compile() (policy, error) {
 	if p.scope, err = newScopeTemplate(cmp.Or(h.Scope, defaultScope)); err != nil {
 		return policy{}, opterr.New(err, "scope")
 	}
-	switch {
-	case h.Mode != "" && h.Mode != modeEnforce && h.Mode != modeObserve:
-		return policy{}, opterr.Errorf("mode", "mode must be %s or %s, got '%s'", modeEnforce, modeObserve, h.Mode)
-	case h.Errors != "" && h.Errors != errorsProblem && h.Errors != errorsHandleErrors:
-		return policy{}, opterr.Errorf("errors", "errors must be %s or %s, got '%s'", errorsProblem, errorsHandleErrors, h.Errors)
+	// The enumerations, each checked against its values (the first is
+	// its default) and compiled into what requests compare.
+	var mode, errorsTo, inFlight, onStorageError, onUnknownOutcome string
+	for _, e := range []struct {
+		option, value string
+		values        [2]string
+		chosen        *string
+	}{
+		{"mode", h.Mode, [2]string{modeEnforce, modeObserve}, &mode},
+		{"errors", h.Errors, [2]string{errorsProblem, errorsHandleErrors}, &errorsTo},
+		{"in_flight", h.InFlight, [2]string{inFlightWait, inFlightReject}, &inFlight},
+		{"on_storage_error", h.OnStorageError, [2]string{failClosed, failOpen}, &onStorageError},
+		{"on_unknown_outcome", h.OnUnknownOutcome, [2]string{unknownOutcomeKeep, unknownOutcomeRelease}, &onUnknownOutcome},
+	} {
+		*e.chosen = cmp.Or(e.value, e.values[0])
+		if !slices.Contains(e.values[:], *e.chosen) {
+			return policy{}, opterr.Errorf(e.option, "%s must be %q or %q, got %q", e.option, e.values[0], e.values[1], e.value)
+		}
 	}
-	p.mode = modes[cmp.Or(h.Mode, modeEnforce)]
-	p.errors = cmp.Or(h.Errors, errorsProblem)
+	p.mode = modes[mode]
+	p.errorRoutes = errorsTo == errorsHandleErrors
+	p.waitInFlight = inFlight == inFlightWait
+	p.failOpen = onStorageError == failOpen
+	p.keepUnknown = onUnknownOutcome == unknownOutcomeKeep
 	if h.KeyJSON != "" {
 		ptr, err := fingerprint.ParsePointer(h.KeyJSON)
 		if err != nil {
@@ -379,18 +437,9 @@ func (h *Handler) compile() (policy, error) {
 			return policy{}, opterr.Errorf("replay_header", "replay_header: %q is not a valid header name", h.ReplayHeader)
 		}
 		p.replayHeader = textproto.CanonicalMIMEHeaderKey(h.ReplayHeader)
-	}
-	switch h.InFlight {
-	case "", inFlightReject, inFlightWait:
-		p.inFlight = cmp.Or(h.InFlight, inFlightWait)
-	default:
-		return policy{}, opterr.Errorf("in_flight", "in_flight must be %q or %q, got %q", inFlightReject, inFlightWait, h.InFlight)
-	}
-	switch h.OnStorageError {
-	case "", failClosed, failOpen:
-		p.onStorageError = cmp.Or(h.OnStorageError, failClosed)
-	default:
-		return policy{}, opterr.Errorf("on_storage_error", "on_storage_error must be %q or %q, got %q", failClosed, failOpen, h.OnStorageError)
+		if slices.Contains(framingHeaders, p.replayHeader) {
+			return policy{}, opterr.Errorf("replay_header", "replay_header: %s describes the message or the connection, and a replay must not set it to 'true'; name a header of its own, such as %s", p.replayHeader, defaultReplayHeader)
+		}
 	}
 	if h.DocsURL != "" {
 		u, err := url.Parse(h.DocsURL)
@@ -405,6 +454,13 @@ func (h *Handler) compile() (policy, error) {
 	}
 	if p.releaseOn, err = parseStatusSet(releaseOn); err != nil {
 		return policy{}, opterr.Errorf("release_on", "release_on: %w", err)
+	}
+	for code := 200; code < 300; code++ {
+		if p.releaseOn.has(code) {
+			// A success says the work was done: freeing its key would run
+			// it again on the retry, the one thing the handler prevents.
+			return policy{}, opterr.Errorf("release_on", "release_on: %d is a success; only answers that say nothing was done (4xx, 5xx) may free a key", code)
+		}
 	}
 	p.required = h.Required
 	return p, nil
@@ -439,25 +495,6 @@ func (fc *FingerprintConfig) fingerprinter() (*fingerprint.Fingerprinter, error)
 	return f, nil
 }
 
-// loadStorage loads the storage backend and wires the handler to its
-// store.
-func (h *Handler) loadStorage(ctx caddy.Context) error {
-	b, name, err := loadBackend(ctx, h)
-	if err != nil {
-		return err
-	}
-	h.backend, h.backendName = b, name
-	store := b.Store()
-	if kl, ok := store.(storage.KeyLimiter); ok && kl.MaxKeyLength() > 0 && h.policy.maxKeyLength > kl.MaxKeyLength() {
-		// Refused at start-up, not with a 503 for every long key.
-		return opterr.Errorf("max_key_length", "max_key_length %d is more than the %s store can hold: at most %d", h.policy.maxKeyLength, name, kl.MaxKeyLength())
-	}
-	holder, _ := b.(backend.Holder)
-	h.keeper = newKeeper(observe(store, name, holder), time.Duration(h.policy.lockTimeout), time.Duration(h.policy.ttl), h.logger)
-	h.keeper.runShort = h.policy.onStorageError == failOpen
-	return nil
-}
-
 // Validate reports configuration errors. Provision compiled the
 // configuration before taking a store, so a handler with a store has
 // none left; one that was not provisioned reports its compile error.
@@ -471,13 +508,29 @@ func (h *Handler) Validate() error {
 	return errors.New("no storage loaded")
 }
 
+// StrictPlacement implements placement.StrictPlacement: the placement
+// check refuses a config in which some requests skip this handler.
+func (h *Handler) StrictPlacement() bool { return h.Strict }
+
 // Cleanup releases nothing of its own: the storage guest module is cleaned
 // up by Caddy with the rest of the config. It leaves the handler's fields
 // alone: on a reload Caddy cleans the old config up as soon as the new one
 // runs, while requests the old one started may still be running (the old
 // servers shut down gracefully, without a deadline), and those requests
-// must still complete or release their keys.
+// must still complete or release their keys. When Caddy exits (its
+// servers are drained by then), it waits, up to exitDrain for all
+// handlers together, for the store writes aftercare still retries: each
+// holds the key of a request that ran, which a retry would run again
+// once its lease lapsed.
 func (h *Handler) Cleanup() error {
+	if h.keeper == nil || !caddy.Exiting() {
+		return nil
+	}
+	if left := h.keeper.aftercare.drain(exitDeadline()); left > 0 {
+		h.logger.Error("exiting with idempotency store writes still pending: their keys stay in flight until their leases lapse, "+
+			"and a retry then runs the request again; check the store",
+			zap.Int("pending", left), zap.Duration("waited_at_most", exitDrain))
+	}
 	return nil
 }
 
@@ -528,4 +581,13 @@ var (
 	_ caddy.Validator             = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ placement.StrictPlacement   = (*Handler)(nil)
 )
+
+// UnmarshalJSON decodes the handler's JSON config as Caddy would, but
+// that an error names the option whose value does not decode ("ttl":
+// "x" says ttl, not just `time: invalid duration "x"`).
+func (h *Handler) UnmarshalJSON(b []byte) error {
+	type fields Handler
+	return backend.DecodeJSON(b, (*fields)(h))
+}

@@ -16,9 +16,9 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/memory"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
 )
 
 // caddyContext returns a fresh Caddy context, cancelled when the test ends
@@ -82,13 +82,14 @@ func TestProvisionDefaults(t *testing.T) {
 		{"max_response_size", h.policy.maxResponseSize, int64(1 << 20)},
 		{"fingerprint.headers", h.policy.fingerprint.Headers(), []string{"Content-Type"}},
 		{"fingerprint.canonical_json (effective)", h.policy.fingerprint.CanonicalJSON(), true},
-		{"in_flight", h.policy.inFlight, "wait"},
+		{"in_flight wait", h.policy.waitInFlight, true},
 		{"wait_timeout", time.Duration(h.policy.waitTimeout), 10 * time.Second},
-		{"on_storage_error", h.policy.onStorageError, "fail_closed"},
+		{"on_storage_error fail_open", h.policy.failOpen, false},
+		{"on_unknown_outcome keep", h.policy.keepUnknown, true},
 		{"replay_header (effective)", h.policy.replayHeader, "Idempotent-Replayed"},
 		{"docs_url", h.policy.docsURL, ""},
 		{"mode", h.policy.mode.traits().name, "enforce"},
-		{"errors", h.policy.errors, "problem"},
+		{"errors handle_errors", h.policy.errorRoutes, false},
 		{"storage backend", h.backendName, "memory"},
 	}
 	for _, c := range checks {
@@ -144,6 +145,7 @@ func TestProvisionKeepsExplicitValues(t *testing.T) {
 		"in_flight": "wait",
 		"wait_timeout": "3s",
 		"on_storage_error": "fail_open",
+		"on_unknown_outcome": "release",
 		"replay_header": "x-replayed",
 		"docs_url": "https://api.example.com/docs#idempotency"
 	}`)
@@ -166,9 +168,10 @@ func TestProvisionKeepsExplicitValues(t *testing.T) {
 		{"max_response_size", h.policy.maxResponseSize, int64(4096)},
 		{"fingerprint.headers", h.policy.fingerprint.Headers(), []string{"X-Tenant"}},
 		{"fingerprint.canonical_json (effective)", h.policy.fingerprint.CanonicalJSON(), false},
-		{"in_flight", h.policy.inFlight, "wait"},
+		{"in_flight wait", h.policy.waitInFlight, true},
 		{"wait_timeout", time.Duration(h.policy.waitTimeout), 3 * time.Second},
-		{"on_storage_error", h.policy.onStorageError, "fail_open"},
+		{"on_storage_error fail_open", h.policy.failOpen, true},
+		{"on_unknown_outcome keep", h.policy.keepUnknown, false},
 		{"replay_header (effective)", h.policy.replayHeader, "X-Replayed"},
 		{"docs_url", h.policy.docsURL, "https://api.example.com/docs#idempotency"},
 		{"storage backend", h.backendName, "memory"},
@@ -236,6 +239,7 @@ func TestProvisionInvalidConfig(t *testing.T) {
 		{"release_on empty string", `{"release_on":[""]}`, []string{"release_on", `""`}},
 		{"in_flight sometimes", `{"in_flight":"sometimes"}`, []string{"in_flight", "reject", "wait", `"sometimes"`}},
 		{"on_storage_error maybe", `{"on_storage_error":"maybe"}`, []string{"on_storage_error", "fail_closed", "fail_open", `"maybe"`}},
+		{"on_unknown_outcome retry", `{"on_unknown_outcome":"retry"}`, []string{"on_unknown_outcome", "keep", "release", `"retry"`}},
 		{"unknown storage backend", `{"storage":{"backend":"nosuch"}}`, []string{"storage", "nosuch"}},
 		{"storage without backend", `{"storage":{"max_keys":5}}`, []string{"storage", "backend"}},
 		{"memory max_keys negative", `{"storage":{"backend":"memory","max_keys":-1}}`, []string{"max_keys", "positive", "-1"}},
@@ -321,7 +325,7 @@ func TestRequestRunningAcrossCleanupStillCompletes(t *testing.T) {
 	if w := serve(h, slow, request("across-cleanup", `{}`)); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %d %v, want a replay", w.Code, w.Header())
 	}
-	if n := slow.calls.Load(); n != 1 {
+	if n := slow.Calls.Load(); n != 1 {
 		t.Fatalf("upstream ran %d times, want 1", n)
 	}
 }
@@ -427,8 +431,8 @@ func TestReloadKeepsTheStoreAndItsRecords(t *testing.T) {
 		if w := serve(next, up, request("k", "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("after the reload: %d, not replayed", w.Code)
 		}
-		if up.calls.Load() != 1 {
-			t.Fatalf("upstream ran %d times across the reload, want 1", up.calls.Load())
+		if up.Calls.Load() != 1 {
+			t.Fatalf("upstream ran %d times across the reload, want 1", up.Calls.Load())
 		}
 	})
 }
@@ -501,6 +505,7 @@ func TestCompileErrorsNameTheirOption(t *testing.T) {
 		`{"replay_header":"A B"}`:                                  "replay_header",
 		`{"in_flight":"sometimes"}`:                                "in_flight",
 		`{"on_storage_error":"maybe"}`:                             "on_storage_error",
+		`{"on_unknown_outcome":"Keep"}`:                            "on_unknown_outcome",
 		`{"docs_url":"/docs"}`:                                     "docs_url",
 		`{"release_on":["5xx","6xx"]}`:                             "release_on",
 	} {

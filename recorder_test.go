@@ -13,7 +13,7 @@ func httptestRecorder() *httptest.ResponseRecorder { return httptest.NewRecorder
 
 func TestResponseWrittenThroughReadFromIsRecorded(t *testing.T) {
 	h := isolated(t, &Handler{})
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusCreated)
 		// reverse_proxy and file_server copy with io.Copy, which prefers
 		// the writer's ReadFrom.
@@ -31,7 +31,7 @@ func TestResponseWrittenThroughReadFromIsRecorded(t *testing.T) {
 func TestOversizeResponseIsStreamedWholeAndReplayedWithoutBody(t *testing.T) {
 	h := isolated(t, &Handler{MaxResponseSize: 10})
 	body := strings.Repeat("0123456789", 5)
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", "text/plain")
 		w.Header().Set("Content-Length", "50")
 		w.WriteHeader(http.StatusCreated)
@@ -53,8 +53,8 @@ func TestOversizeResponseIsStreamedWholeAndReplayedWithoutBody(t *testing.T) {
 	if retry.Header().Get("Content-Length") != "" || retry.Header().Get("Content-Type") != "text/plain" {
 		t.Fatalf("replay must keep headers but not the old Content-Length: %v", retry.Header())
 	}
-	if up.calls.Load() != 1 {
-		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	if up.Calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.Calls.Load())
 	}
 }
 
@@ -66,7 +66,7 @@ func (f failingWriter) Write([]byte) (int, error) { return 0, errors.New("broken
 func TestClientHangingUpDoesNotLoseTheResponse(t *testing.T) {
 	h := isolated(t, &Handler{})
 	completed := false
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(http.StatusCreated)
 		for range 3 {
 			if _, err := w.Write([]byte("part;")); err != nil {
@@ -86,15 +86,15 @@ func TestClientHangingUpDoesNotLoseTheResponse(t *testing.T) {
 	if w.Body.String() != "part;part;part;" || w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %d %q", w.Code, w.Body.String())
 	}
-	if up.calls.Load() != 1 {
-		t.Fatalf("upstream ran %d times, want 1", up.calls.Load())
+	if up.Calls.Load() != 1 {
+		t.Fatalf("upstream ran %d times, want 1", up.Calls.Load())
 	}
 }
 
 func TestFlushReachesTheClient(t *testing.T) {
 	h := isolated(t, &Handler{})
 	var flushErr error
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		_, _ = w.Write([]byte("a"))
 		flushErr = http.NewResponseController(w).Flush()
 		return nil
@@ -107,7 +107,7 @@ func TestFlushReachesTheClient(t *testing.T) {
 
 func TestRecordedHeadersAreThoseOfTheFinalResponse(t *testing.T) {
 	h := isolated(t, &Handler{})
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Link", "</style.css>; rel=preload")
 		w.WriteHeader(http.StatusEarlyHints)
 		w.Header().Del("Link")
@@ -130,10 +130,33 @@ func TestRecordedHeadersAreThoseOfTheFinalResponse(t *testing.T) {
 
 func TestHandlerWritingNothingRecordsEmpty200(t *testing.T) {
 	h := isolated(t, &Handler{})
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error { return nil }}
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error { return nil }}
 	serve(h, up, request("k", "{}"))
 	w := serve(h, up, request("k", "{}"))
 	if w.Code != http.StatusOK || w.Body.Len() != 0 || w.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("replay %d %q", w.Code, w.Body.String())
+	}
+}
+
+// TestABodyAnnouncedOverTheLimitIsNeverBuffered: a response whose
+// Content-Length is over max_response_size is omitted from the record as
+// soon as its status is written; before, its first max_response_size
+// bytes were buffered on the way, then dropped, per request.
+func TestABodyAnnouncedOverTheLimitIsNeverBuffered(t *testing.T) {
+	rec := newRecorder(httptest.NewRecorder(), 10, false)
+	defer rec.unbound()
+	rec.Header().Set("Content-Length", "50")
+	rec.WriteHeader(http.StatusCreated)
+	_, _ = rec.Write([]byte("01234"))
+	if _, _, body, omitted := rec.response(); !omitted || body != nil {
+		t.Fatalf("after 5 of 50 announced bytes over a limit of 10: omitted %v, %d bytes kept; want omitted, none kept", omitted, len(body))
+	}
+	small := newRecorder(httptest.NewRecorder(), 10, false)
+	defer small.unbound()
+	small.Header().Set("Content-Length", "5")
+	small.WriteHeader(http.StatusCreated)
+	_, _ = small.Write([]byte("01234"))
+	if _, _, body, omitted := small.response(); omitted || string(body) != "01234" {
+		t.Fatalf("5 announced bytes under a limit of 10: omitted %v, kept %q; want them kept", omitted, body)
 	}
 }

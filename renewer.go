@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 )
 
@@ -57,7 +58,7 @@ var renewers = struct {
 
 // renewerFor returns the renewer of s's store, made with s's latency
 // observer and logger if the store has none yet.
-func renewerFor(s *observedStore, logger *zap.Logger) *renewer {
+func renewerFor(s *instrumentedStore, logger *zap.Logger) *renewer {
 	renewers.mu.Lock()
 	defer renewers.mu.Unlock()
 	r := renewers.m[s.store]
@@ -81,12 +82,18 @@ type renewer struct {
 	mu         sync.Mutex
 	groups     map[time.Duration]*cadence
 	registered bool // in renewers, to leave it once idle
-	log        renewalLog
+	failing    bool // a failure was logged, and no batch went well since
+
+	// lines are the failures' log lines: one a second while they last.
+	lines backend.LineLimiter[struct{}, renewalLog]
 }
 
 func newRenewer(c clock, store storage.Store, latency prometheus.Observer, logger *zap.Logger) *renewer {
 	r := &renewer{store: store, latency: latency, logger: logger, clock: c, groups: make(map[time.Duration]*cadence)}
 	r.batcher, _ = store.(storage.BatchRenewer)
+	r.lines.Every = failureLogEvery
+	r.lines.After = func(d time.Duration, f func()) { c.AfterFunc(d, f) }
+	r.lines.Write = func(_ struct{}, lg renewalLog) { lg.warn(logger) }
 	return r
 }
 
@@ -143,9 +150,8 @@ func (r *renewer) tick(c *cadence) {
 	}
 	c.timer = r.clock.AfterFunc(c.every, func() { r.tick(c) })
 	if c.outstanding >= maxOutstanding {
-		r.log.held += len(batch)
 		r.mu.Unlock()
-		r.report(false)
+		r.note(func(lg *renewalLog) { lg.held += len(batch) })
 		return
 	}
 	c.outstanding++
@@ -158,7 +164,7 @@ func (r *renewer) tick(c *cadence) {
 	r.mu.Lock()
 	c.outstanding--
 	r.mu.Unlock()
-	r.settle(leases, batch, err)
+	r.takeAnswers(leases, batch, err)
 }
 
 // renew sends one batch: in one call when the store can take it, else
@@ -167,7 +173,7 @@ func (r *renewer) renew(ctx context.Context, batch []storage.Renewal) error {
 	if r.batcher != nil {
 		start := time.Now()
 		err := r.batcher.RenewBatch(ctx, batch)
-		r.observe(start)
+		r.instrument(start)
 		return err
 	}
 	var wg sync.WaitGroup
@@ -179,21 +185,21 @@ func (r *renewer) renew(ctx context.Context, batch []storage.Renewal) error {
 			defer func() { <-sem; wg.Done() }()
 			start := time.Now()
 			rn.Err = r.store.Renew(ctx, rn.Key, rn.Token, rn.Lease)
-			r.observe(start)
+			r.instrument(start)
 		}(&batch[i])
 	}
 	wg.Wait()
 	return nil
 }
 
-func (r *renewer) observe(start time.Time) {
+func (r *renewer) instrument(start time.Time) {
 	if r.latency != nil {
 		r.latency.Observe(time.Since(start).Seconds())
 	}
 }
 
-// settle takes the store's answers for the leases of one batch.
-func (r *renewer) settle(leases []*lease, batch []storage.Renewal, err error) {
+// takeAnswers takes the store's answers for the leases of one batch.
+func (r *renewer) takeAnswers(leases []*lease, batch []storage.Renewal, err error) {
 	var failed, busy, lost int
 	var example string
 	for i, l := range leases {
@@ -217,26 +223,28 @@ func (r *renewer) settle(leases []*lease, batch []storage.Renewal, err error) {
 			}
 		}
 	}
-	r.mu.Lock()
-	lg := &r.log
-	lg.renewed += len(leases) - failed - busy - lost
-	lg.failed += failed
-	lg.busy += busy
-	lg.lost += lost
-	if example != "" {
-		lg.lostExample = example
+	if failed+busy+lost == 0 {
+		r.recovered()
+		return
 	}
-	if failed > 0 {
-		lg.err = err
-	}
-	r.mu.Unlock()
-	r.report(failed+busy+lost == 0)
+	renewed := len(leases) - failed - busy - lost
+	r.note(func(lg *renewalLog) {
+		lg.renewed += renewed
+		lg.failed += failed
+		lg.busy += busy
+		lg.lost += lost
+		if example != "" {
+			lg.lostExample = example
+		}
+		if failed > 0 {
+			lg.err = err
+		}
+	})
 }
 
-// renewalLog is what a renewer has to say since its last log line.
+// renewalLog is what a line about renewals says: what happened since the
+// last one.
 type renewalLog struct {
-	at          time.Time // of the last line
-	failing     bool      // the last line reported failures
 	renewed     int
 	failed      int // renewals the store did not answer (err says why)
 	busy        int // leases whose record was locked (PostgreSQL): tried again next tick
@@ -246,31 +254,25 @@ type renewalLog struct {
 	err         error
 }
 
-// report logs what happened to renewals since the last line, at most once
-// per failureLogEvery while they fail (one line, however many leases
-// failed), and at once when they work again; ok says whether the batch
-// just answered went well.
-func (r *renewer) report(ok bool) {
+// note logs a trouble of renewals: at once, or gathered into the next
+// line, one a second while they last (backend.LineLimiter), however many
+// leases it is about.
+func (r *renewer) note(add func(lg *renewalLog)) {
 	r.mu.Lock()
-	lg := &r.log
-	now := r.clock.Now()
-	pending := lg.failed+lg.busy+lg.lost+lg.held > 0
-	recovered := ok && (lg.failing || pending)
-	if !recovered && (!pending || now.Sub(lg.at) < failureLogEvery) {
-		if !pending && !lg.failing {
-			lg.renewed = 0 // all is well: nothing to say
-		}
-		r.mu.Unlock()
-		return
-	}
-	snap := *lg
-	*lg = renewalLog{at: now, failing: !recovered}
+	r.failing = true
 	r.mu.Unlock()
+	r.lines.Add(struct{}{}, add)
+}
 
-	if pending {
-		snap.warn(r.logger)
-	}
-	if recovered {
+// recovered says, once, that renewals work again after a trouble: the
+// trouble's last line first.
+func (r *renewer) recovered() {
+	r.mu.Lock()
+	was := r.failing
+	r.failing = false
+	r.mu.Unlock()
+	if was {
+		r.lines.Flush(struct{}{})
 		r.logger.Info("renewing idempotency leases works again")
 	}
 }

@@ -75,7 +75,7 @@ func TestStoreDownFailClosedAnswers503WithoutRunning(t *testing.T) {
 	if p := problemOf(t, w); p.Type != "urn:caddy-idempotency:store-unavailable" {
 		t.Fatalf("problem %+v", p)
 	}
-	if up.calls.Load() != 0 {
+	if up.Calls.Load() != 0 {
 		t.Fatal("fail_closed ran the upstream")
 	}
 
@@ -101,8 +101,8 @@ func TestStoreDownFailOpenPassesThrough(t *testing.T) {
 			t.Fatalf("outcome %q", o)
 		}
 	}
-	if up.calls.Load() != 2 {
-		t.Fatalf("fail_open: upstream ran %d times, want 2", up.calls.Load())
+	if up.Calls.Load() != 2 {
+		t.Fatalf("fail_open: upstream ran %d times, want 2", up.Calls.Load())
 	}
 	if got := counterValue(serverMetricsNamed(unknownServer).failOpen) - passed; got != 2 {
 		t.Fatalf("fail_open_total grew by %v, want 2", got)
@@ -121,8 +121,8 @@ func TestStoreErrorsThatProveTheStoreAnsweredFailClosedEvenWithFailOpen(t *testi
 		store.down.Store(true)
 		up := &upstream{}
 		w := serve(h, up, request("k", "{}"))
-		if w.Code != http.StatusServiceUnavailable || up.calls.Load() != 0 {
-			t.Errorf("%v under fail_open: %d, upstream ran %d times; want 503 and never", err, w.Code, up.calls.Load())
+		if w.Code != http.StatusServiceUnavailable || up.Calls.Load() != 0 {
+			t.Errorf("%v under fail_open: %d, upstream ran %d times; want 503 and never", err, w.Code, up.Calls.Load())
 		}
 	}
 }
@@ -142,8 +142,8 @@ func TestStoreDownAtProvisionFollowsOnStorageError(t *testing.T) {
 				took := time.Since(began)
 				switch policy {
 				case failClosed:
-					if w.Code != http.StatusServiceUnavailable || up.calls.Load() != 0 {
-						t.Fatalf("fail_closed: %d, upstream ran %d times; want 503 and 0", w.Code, up.calls.Load())
+					if w.Code != http.StatusServiceUnavailable || up.Calls.Load() != 0 {
+						t.Fatalf("fail_closed: %d, upstream ran %d times; want 503 and 0", w.Code, up.Calls.Load())
 					}
 					if p := problemOf(t, w); p.Type != "urn:caddy-idempotency:store-unavailable" {
 						t.Fatalf("problem %+v", p)
@@ -152,8 +152,8 @@ func TestStoreDownAtProvisionFollowsOnStorageError(t *testing.T) {
 						t.Error("503 without Retry-After")
 					}
 				case failOpen:
-					if w.Code != http.StatusCreated || up.calls.Load() != 1 {
-						t.Fatalf("fail_open: %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
+					if w.Code != http.StatusCreated || up.Calls.Load() != 1 {
+						t.Fatalf("fail_open: %d, upstream ran %d times; want 201 and 1", w.Code, up.Calls.Load())
 					}
 				}
 				if took > 2*time.Second {
@@ -187,7 +187,7 @@ func TestStoreFullAnswers503AndKeepsLiveKeys(t *testing.T) {
 func TestCompletionFailureIsFinishedWhenTheStoreRecovers(t *testing.T) {
 	h := isolated(t, &Handler{})
 	store := withFlakyStore(h)
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		store.down.Store(true) // the store goes away while the request runs
 		w.WriteHeader(http.StatusCreated)
 		return nil
@@ -203,29 +203,29 @@ func TestCompletionFailureIsFinishedWhenTheStoreRecovers(t *testing.T) {
 		w = serve(h, up, request("k", "{}"))
 		return w.Header().Get("Idempotent-Replayed") == "true"
 	})
-	if w.Code != http.StatusCreated || up.calls.Load() != 1 {
-		t.Fatalf("replay %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
+	if w.Code != http.StatusCreated || up.Calls.Load() != 1 {
+		t.Fatalf("replay %d, upstream ran %d times; want 201 and 1", w.Code, up.Calls.Load())
 	}
 }
 
 func TestReleaseFailureIsFinishedWhenTheStoreRecovers(t *testing.T) {
 	h := isolated(t, &Handler{})
 	store := withFlakyStore(h)
-	up := &upstream{serve: func(w http.ResponseWriter, r *http.Request) error {
+	up := &upstream{Serve: func(w http.ResponseWriter, r *http.Request) error {
 		store.down.Store(true)
 		w.WriteHeader(http.StatusBadGateway) // frees the key
 		return nil
 	}}
 	serve(h, up, request("k", "{}"))
 	store.down.Store(false)
-	up.serve = nil
+	up.Serve = nil
 	var w *httptest.ResponseRecorder
 	testutil.Eventually(t, 5*time.Second, "the key to leave the in-flight state after the store recovered", func() bool {
 		w = serve(h, up, request("k", "{}"))
 		return w.Code != http.StatusConflict
 	})
-	if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" || up.calls.Load() != 2 {
-		t.Fatalf("retry: %d replayed=%q, upstream ran %d times; want a second run", w.Code, w.Header().Get("Idempotent-Replayed"), up.calls.Load())
+	if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" || up.Calls.Load() != 2 {
+		t.Fatalf("retry: %d replayed=%q, upstream ran %d times; want a second run", w.Code, w.Header().Get("Idempotent-Replayed"), up.Calls.Load())
 	}
 }
 
@@ -264,8 +264,8 @@ func TestReservationWithALostReplyIsReleased(t *testing.T) {
 	store.lose.Store(false)
 	// The retry meets the ghost and releases it on the spot.
 	w := serve(h, up, request("k", "{}"))
-	if w.Code != http.StatusCreated || up.calls.Load() != 1 {
-		t.Fatalf("retry: %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
+	if w.Code != http.StatusCreated || up.Calls.Load() != 1 {
+		t.Fatalf("retry: %d, upstream ran %d times; want 201 and 1", w.Code, up.Calls.Load())
 	}
 }
 
@@ -291,7 +291,7 @@ func TestAbandonedReservationIsReleasedInTheBackground(t *testing.T) {
 		w = serve(b, up, request("k", "{}"))
 		return w.Code != http.StatusConflict
 	})
-	if w.Code != http.StatusCreated || up.calls.Load() != 1 {
-		t.Fatalf("retry: %d, upstream ran %d times; want 201 and 1", w.Code, up.calls.Load())
+	if w.Code != http.StatusCreated || up.Calls.Load() != 1 {
+		t.Fatalf("retry: %d, upstream ran %d times; want 201 and 1", w.Code, up.Calls.Load())
 	}
 }

@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -57,9 +58,13 @@ func (p *pooledStore) logDurability(ctx context.Context, logger *zap.Logger, id,
 		logger.Warn("idempotency store cannot keep records where it is connected; requests using it follow on_storage_error", append(fields, zap.Error(r.Err))...)
 		return
 	case r.Err != nil:
-		// It can keep them, less durably than configured (a Redis
-		// primary short of replicas, with on_timeout proceed).
-		logger.Warn("idempotency store cannot keep records as durably as configured where it is connected; requests using it go on", append(fields, zap.Error(r.Err))...)
+		// It can keep them, but may lose some without a fault of its own
+		// (a Redis that evicts, or keeps nothing on disk and has no
+		// replica; a PostgreSQL with fsync or synchronous_commit off), or
+		// less durably than configured (a Redis primary short of
+		// replicas, with on_timeout proceed). The error says which, and
+		// the fix.
+		logger.Warn("idempotency store may lose records where it is connected; requests using it go on", append(fields, zap.Error(r.Err))...)
 		return
 	}
 	logger.Info("idempotency store durability", fields...)
@@ -77,3 +82,63 @@ func (s LiveStore) LastDurability() DurabilityResult {
 // failover (a zero result for a store that cannot tell), and records the
 // result as its last.
 func (s LiveStore) Durability(ctx context.Context) DurabilityResult { return s.entry.durability(ctx) }
+
+// durabilityLogEvery is how often at most a store's durability timeouts
+// are logged.
+const durabilityLogEvery = time.Second
+
+// DurabilityLog counts a store's durability timeouts (writes that fewer
+// replicas or standbys than it waits for acknowledged in time) in
+// caddy_http_idempotency_store_durability_timeouts_total, and logs them:
+// the first at once, the next ones held back and written as one line a
+// second, with how many of each op it stands for (a replica down under a
+// thousand requests a second would otherwise write a thousand lines a
+// second).
+type DurabilityLog struct {
+	Logger  *zap.Logger
+	Backend Name   // the backend's name
+	Store   string // the store's (Pooled.StoreID)
+	Message string // what a line says
+	// Fields, when set, adds fields to each line, from the detail the
+	// last timeout came with (a Redis store's acknowledgements).
+	Fields func(detail int) []zap.Field
+	// After runs f once d has passed; nil: time.AfterFunc (tests replace
+	// it).
+	After func(d time.Duration, f func())
+
+	once  sync.Once
+	lines LineLimiter[struct{}, timeouts]
+}
+
+// timeouts is what one line of a DurabilityLog stands for.
+type timeouts struct {
+	reserves, completes int
+	detail              int // the last timeout's
+}
+
+// Add counts and logs one timeout of op ("reserve", "complete") with
+// its detail. It does not block.
+func (l *DurabilityLog) Add(op string, detail int) {
+	CountDurabilityTimeout(l.Backend, l.Store, op)
+	l.once.Do(func() {
+		l.lines.Write, l.lines.Every, l.lines.After = l.write, durabilityLogEvery, l.After
+	})
+	l.lines.Add(struct{}{}, func(t *timeouts) {
+		switch op {
+		case "reserve":
+			t.reserves++
+		case "complete":
+			t.completes++
+		}
+		t.detail = detail
+	})
+}
+
+func (l *DurabilityLog) write(_ struct{}, t timeouts) {
+	fields := []zap.Field{zap.String("backend", string(l.Backend)), zap.String("store", l.Store),
+		zap.Int("reservations", t.reserves), zap.Int("completions", t.completes)}
+	if l.Fields != nil {
+		fields = append(fields, l.Fields(t.detail)...)
+	}
+	l.Logger.Warn(l.Message, fields...)
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -33,6 +34,7 @@ var stores = caddy.NewUsagePool()
 type pooledStore struct {
 	storage.Store
 	backend string
+	id      string // the pool's name for it (Pooled.StoreID)
 
 	release func() // p.unhold, made once: a hold costs no allocation
 
@@ -44,11 +46,13 @@ type pooledStore struct {
 
 	lastDurability DurabilityResult // see durability.go
 
-	// startPing is closed once the ping at start is done (nil for a store
-	// that cannot be pinged); the store is not closed before, so that a
-	// configuration unloaded at once (caddy validate) still reports what
-	// the ping found rather than the pool it closed under it.
-	startPing chan struct{}
+	// stopWatch stops watch, the pings of a store that can be pinged
+	// (nil for one that cannot, or is only validated); watched is closed
+	// once watch has returned. The ping at start is never stopped: a
+	// configuration unloaded at once (a reload right after start) still
+	// reports what it found rather than the pool closed under it.
+	stopWatch context.CancelFunc
+	watched   chan struct{}
 }
 
 // PingResult is the outcome of a store's last ping (storage.Pinger).
@@ -76,9 +80,49 @@ func (p *pooledStore) ping(ctx context.Context) PingResult {
 		// The last one asked, not the last to answer: a ping sent before
 		// an outage and answered after one sent during it is older news.
 		p.lastPing = r
+		if !p.closed {
+			setHealth(p.backend, p.id, r)
+		}
 	}
 	p.mu.Unlock()
 	return r
+}
+
+// pingInterval is how often a store in use is pinged, traffic or not: its
+// last ping (the admin API) and its health gauge follow it within that,
+// so that an outage at a quiet hour pages someone before the first
+// customer meets it.
+const pingInterval = 5 * time.Second
+
+// watch pings a store just opened (pingAtStart), then every pingInterval
+// until ctx ends, and logs when it stops answering and when it answers
+// again.
+func (p *pooledStore) watch(ctx context.Context, logger *zap.Logger, id, where string) {
+	defer close(p.watched)
+	ok := p.pingAtStart(logger, id, where)
+	t := time.NewTicker(pingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, pingInterval)
+		r := p.ping(pctx)
+		cancel()
+		fields := []zap.Field{zap.String("backend", p.backend), zap.String("store", id), zap.String("address", where)}
+		switch {
+		case ctx.Err() != nil:
+			return // closed under its ping: no news of the store
+		case ok && r.Err != nil:
+			logger.Warn("idempotency store stopped answering its pings; requests using it follow on_storage_error until it answers",
+				append(fields, zap.Error(r.Err))...)
+		case !ok && r.Err == nil:
+			logger.Info("idempotency store answers its pings again", fields...)
+		}
+		ok = r.Err == nil
+	}
 }
 
 // Destruct implements caddy.Destructor.
@@ -94,12 +138,14 @@ func (p *pooledStore) Destruct() error {
 	return p.close()
 }
 
-// close closes the store once its ping at start is done (which its own
-// timeout bounds).
+// close closes the store once its pings are stopped (the ping at start
+// done, which its own timeout bounds), and forgets its health.
 func (p *pooledStore) close() error {
-	if p.startPing != nil {
-		<-p.startPing
+	if p.stopWatch != nil {
+		p.stopWatch()
+		<-p.watched
 	}
+	forgetHealth(p.backend, p.id)
 	return p.Close()
 }
 
@@ -139,37 +185,55 @@ type Pooled struct {
 }
 
 // Acquire takes the pooled store for config, opening it with open on
-// first use; backend is the module's name ("redis"). The pool key hashes
+// first use; backend is the module's name. The pool key hashes
 // the configuration (secrets resolved: two configurations that differ
 // only in a password are two stores), so that credentials never sit in a
 // pool key, a log line or an error message.
 //
 // A store opened here is announced in logger's log with where it is
 // (address, free of credentials), and a store that implements
-// storage.Pinger is pinged once in the background: start-up never waits
-// for it, but an unreachable or unusable store is named in a warning with
-// its cause at once rather than at the first request. A store is not
-// closed before that ping is done, so that caddy validate, which unloads
-// the configuration at once, reports the cause too (or that the store was
-// not reached within startPingTimeout). Once it answered, what protects
-// its records across a failover (storage.DurabilityReporter) is logged,
-// and a store that cannot keep them where it is connected is warned about.
-func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where string, open func() (storage.Store, error)) error {
+// storage.Pinger is pinged in the background, at once and then every
+// pingInterval (watch): start-up never waits for it, but an unreachable or
+// unusable store is named in a warning with its cause at once rather than
+// at the first request, and its health gauge follows it without traffic.
+// Once it answered, what protects its records across a failover
+// (storage.DurabilityReporter) is logged, and a store that cannot keep
+// them where it is connected is warned about.
+//
+// A configuration that Caddy validates (caddy validate) and will never
+// run is checked differently: its store is asked at once, within
+// startPingTimeout and without writing anything (storage.Checker), and a
+// store that answered and refused fails the validation (see check).
+func (b *Pooled) Acquire(logger *zap.Logger, backend Name, config any, where string, open func() (storage.Store, error)) error {
 	key, err := StoreID(backend, config)
 	if err != nil {
 		return err
 	}
-	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+	validate := validating()
+	v, _, err := stores.LoadOrNew(key, func() (_ caddy.Destructor, err error) {
+		// A constructor that panics would leave the pool's entry for key
+		// locked (caddy.UsagePool unlocks it only when the constructor
+		// returns): through the admin API, which recovers the panic, the
+		// next load of the same store, GET /config/, POST /stop and
+		// SIGTERM would all wait on it for ever. The configuration is
+		// refused instead.
+		defer func() {
+			if r := recover(); r != nil {
+				err = backend.Errorf("building the store panicked (a configuration its checks let through): %v", r)
+			}
+		}()
 		s, err := open()
 		if err != nil {
 			return nil, err
 		}
-		logger.Info("idempotency store opened", zap.String("backend", backend), zap.String("store", key), zap.String("address", where))
-		p := &pooledStore{Store: s, backend: backend}
+		p := &pooledStore{Store: s, backend: string(backend), id: key}
+		logger.Info("idempotency store opened", zap.String("backend", p.backend), zap.String("store", key), zap.String("address", where))
 		p.release = p.unhold
-		if _, ok := s.(storage.Pinger); ok {
-			p.startPing = make(chan struct{})
-			go p.pingAtStart(logger, key, where)
+		if _, ok := s.(storage.Pinger); ok && !validate {
+			var ctx context.Context
+			ctx, p.stopWatch = context.WithCancel(context.Background())
+			p.watched = make(chan struct{})
+			go p.watch(ctx, logger, key, where)
 		}
 		return p, nil
 	})
@@ -177,19 +241,74 @@ func (b *Pooled) Acquire(logger *zap.Logger, backend string, config any, where s
 		return err
 	}
 	b.entry, b.key = v.(*pooledStore), key
+	if validate {
+		return b.entry.check(logger, key, where)
+	}
 	return nil
+}
+
+// validating reports whether Caddy is validating a config (caddy
+// validate, caddy.Validate) rather than loading one to run. Caddy tells a
+// module no other way, and the two differ for a store: a config that is
+// only validated must write nothing (no table created), and may wait for
+// its store's answer to fail when the store refuses it; one that runs
+// starts without waiting, whatever the store says.
+func validating() bool {
+	pcs := make([]uintptr, 512)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	for {
+		f, more := frames.Next()
+		if f.Function == "github.com/caddyserver/caddy/v2.Validate" {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
+// check asks the store of a configuration that is validated whether it
+// could serve, without writing anything (storage.Checker, or else Ping),
+// within startPingTimeout. A store that answered and refused (a wrong
+// password, a database or table that does not exist, a parameter the
+// server does not know, a read-only server) fails the validation with the
+// warning caddy run would log; one that did not answer in time is only
+// warned about, since a config may be validated where its store cannot be
+// reached (CI), and caddy run starts while a store is down.
+func (p *pooledStore) check(logger *zap.Logger, id, where string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), startPingTimeout)
+	defer cancel()
+	var err error
+	switch s := p.Store.(type) {
+	case storage.Checker:
+		err = s.Check(ctx)
+	case storage.Pinger:
+		err = s.Ping(ctx)
+	default:
+		return nil
+	}
+	fields := []zap.Field{zap.String("backend", p.backend), zap.String("store", id), zap.String("address", where), zap.Error(err)}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, storage.ErrUnavailable) && !errors.Is(err, storage.ErrReadOnly):
+		logger.Warn(fmt.Sprintf("idempotency store unreachable while validating (waited at most %s); the configuration is valid otherwise, "+
+			"and caddy run starts while its store is down (requests follow on_storage_error until it answers)", startPingTimeout), fields...)
+		return nil
+	}
+	return fmt.Errorf("%s storage at %s: idempotency store not usable: it answered with an error: %w", p.backend, where, err)
 }
 
 // StoreID is the pool's name for the store of backend with config, as
 // Acquire names it (Pooled.StoreID): for an open function that needs the
 // name before Acquire returns (a metric's label).
-func StoreID(backend string, config any) (string, error) {
+func StoreID(backend Name, config any) (string, error) {
 	raw, err := json.Marshal(config)
 	if err != nil {
-		return "", fmt.Errorf("%s storage: hashing the configuration: %w", backend, err)
+		return "", backend.Errorf("hashing the configuration: %w", err)
 	}
 	sum := sha256.Sum256(raw)
-	return backend + ":" + hex.EncodeToString(sum[:12]), nil
+	return string(backend) + ":" + hex.EncodeToString(sum[:12]), nil
 }
 
 // startPingTimeout bounds the ping of a store just opened.
@@ -197,15 +316,15 @@ const startPingTimeout = 5 * time.Second
 
 // pingAtStart pings a store just opened and warns, once, when it does not
 // answer or answers with an error (a wrong password, a missing table),
-// saying which and what requests meet meanwhile.
-func (p *pooledStore) pingAtStart(logger *zap.Logger, id, where string) {
-	defer close(p.startPing)
+// saying which and what requests meet meanwhile. It reports whether the
+// store answered.
+func (p *pooledStore) pingAtStart(logger *zap.Logger, id, where string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), startPingTimeout)
 	defer cancel()
 	r := p.ping(ctx)
 	if r.Err == nil {
 		p.logDurability(ctx, logger, id, where)
-		return
+		return true
 	}
 	fields := []zap.Field{zap.String("backend", p.backend), zap.String("store", id), zap.String("address", where), zap.Error(r.Err)}
 	switch {
@@ -219,6 +338,7 @@ func (p *pooledStore) pingAtStart(logger *zap.Logger, id, where string) {
 	default:
 		logger.Warn("idempotency store not usable: it answered with an error; requests using it fail (503) until it is fixed", fields...)
 	}
+	return false
 }
 
 // Store implements Backend.

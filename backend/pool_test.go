@@ -230,3 +230,62 @@ func TestTheLastAskedIsTheLastResult(t *testing.T) {
 		t.Errorf("last durability %+v: the first question's late answer replaced the second's", got)
 	}
 }
+
+// A store constructor that panics (go-redis on a negative pool size did)
+// is a configuration error, and leaves the pool's entry free: caddy's
+// UsagePool unlocks an entry only when its constructor returns, so the
+// next Acquire of the same configuration (a second POST /load) waited
+// for ever, and with it GET /config/, POST /stop and SIGTERM (issue 38).
+func TestAPanickingStoreConstructorIsAnErrorAndFreesItsEntry(t *testing.T) {
+	var p Pooled
+	err := p.Acquire(zap.NewNop(), "test", "panics", "", func() (storage.Store, error) { panic("makechan: size out of range") })
+	if err == nil || !strings.Contains(err.Error(), "test storage: building the store panicked") || !strings.Contains(err.Error(), "makechan") {
+		t.Fatalf("acquire with a panicking constructor: %v, want an error saying so", err)
+	}
+	done := make(chan error, 1)
+	var q Pooled
+	go func() {
+		done <- q.Acquire(zap.NewNop(), "test", "panics", "", func() (storage.Store, error) { return memory.New(memory.Options{}), nil })
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("acquiring the same configuration again: %v", err)
+		}
+		q.Cleanup()
+	case <-time.After(10 * time.Second):
+		t.Fatal("acquiring the same configuration again after a panic did not return within 10s: the pool's entry stayed locked")
+	}
+}
+
+// TestAClosedStoresSeriesAreForgotten: a store that closes (no config uses
+// it) takes its durability timeouts' series with it, as its health
+// series; before, each store a reload replaced stayed in the metrics.
+func TestAClosedStoresSeriesAreForgotten(t *testing.T) {
+	var b Pooled
+	if err := b.Acquire(zap.NewNop(), "test", "forgotten-series", "", func() (storage.Store, error) { return memory.New(memory.Options{}), nil }); err != nil {
+		t.Fatal(err)
+	}
+	id := b.StoreID() // "" once released
+	series := func() int {
+		n := 0
+		for _, op := range []string{"reserve", "complete"} {
+			if durabilityTimeouts.DeleteLabelValues("test", id, op) {
+				n++
+				durabilityTimeouts.WithLabelValues("test", id, op) // put back, at zero
+			}
+		}
+		return n
+	}
+	CountDurabilityTimeout("test", id, "reserve")
+	CountDurabilityTimeout("test", id, "complete")
+	if n := series(); n != 2 {
+		t.Fatalf("%d durability series while the store is open, want 2", n)
+	}
+	if err := b.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if n := series(); n != 0 {
+		t.Fatalf("%d durability series of the closed store left, want 0", n)
+	}
+}

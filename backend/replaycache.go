@@ -1,7 +1,6 @@
 package backend
 
 import (
-	"fmt"
 	"strconv"
 	"time"
 
@@ -55,18 +54,20 @@ func (rc *ReplayCache) Options() *cache.Options {
 	return &cache.Options{MaxEntries: rc.MaxEntries, TTL: ttl}
 }
 
-// Check reports configuration errors; prefix names the backend ("redis
-// storage"). A nil cache is none, and fine.
-func (rc *ReplayCache) Check(prefix string) error {
+// Check reports configuration errors of the cache of the backend named
+// n, each about the option replay_cache (n.OptionErrorf). A nil cache is
+// none, and fine.
+func (rc *ReplayCache) Check(n Name) error {
+	const opt = "replay_cache"
 	switch {
 	case rc == nil:
 		return nil
 	case rc.MaxEntries <= 0:
-		return fmt.Errorf("%s: replay_cache: max_entries must be positive, got %d", prefix, rc.MaxEntries)
+		return n.OptionErrorf(opt, "replay_cache: max_entries must be positive, got %d", rc.MaxEntries)
 	case rc.TTL != 0 && rc.TTL < caddy.Duration(minReplayCacheTTL):
-		return fmt.Errorf("%s: replay_cache: ttl must be at least %s, got %s", prefix, minReplayCacheTTL, time.Duration(rc.TTL))
+		return n.OptionErrorf(opt, "replay_cache: ttl must be at least %s, got %s", minReplayCacheTTL, time.Duration(rc.TTL))
 	case rc.TTL > caddy.Duration(maxReplayCacheTTL):
-		return fmt.Errorf("%s: replay_cache: ttl must be at most %s, got %s", prefix, maxReplayCacheTTL, time.Duration(rc.TTL))
+		return n.OptionErrorf(opt, "replay_cache: ttl must be at most %s, got %s", maxReplayCacheTTL, time.Duration(rc.TTL))
 	}
 	return nil
 }

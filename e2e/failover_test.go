@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/caddyproc"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 )
@@ -75,4 +76,73 @@ func TestPostgresPromotionIsFollowedThroughAMultiHostDSN(t *testing.T) {
 		t.Errorf("the key of before the promotion: %s, want a replay", r)
 	}
 	assertExecutions(t, up, "before", 1)
+}
+
+// A synchronous standby cut off, then the primary lost, through a real
+// Caddy process (issue 38's finding): the standby streams through a link
+// the test cuts while a request runs. Its completion's wait for the
+// standby is cancelled at the storage's timeout (PostgreSQL commits it on
+// the primary alone and answers success with a warning): the completion
+// is sent again in the background, its lease renewed. A new key meanwhile
+// gets 503 (its reservation is not replicated) and never runs. Then the
+// primary is killed and the standby promoted: it holds the first request's
+// reservation in flight, and the completion sent again lands there, so
+// that the retry is a replay, never a second run; the new key's retry runs
+// once. Before the fix, the new key ran on a reservation the standby never
+// got, and the first request's retry ran again once its lease lapsed.
+func TestACutOffSynchronousStandbyLetsNoRetryRunAgain(t *testing.T) {
+	var link *caddyproc.Proxy
+	_, primary, standby := pgtest.ReplicatedVia(t, func(addr string) string {
+		var err error
+		if link, err = caddyproc.NewProxy(addr); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(link.Close)
+		return link.Addr
+	})
+	if err := primary.AlterSystem("synchronous_standby_names", "*"); err != nil {
+		t.Fatal(err)
+	}
+	if err := primary.WaitStreaming(1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	table := pgtest.Name("idem_e2e_cut_")
+	dsn := fmt.Sprintf("postgres://postgres@%s,%s/test?sslmode=disable&target_session_attrs=read-write", standby.Addr, primary.Addr)
+	up := newUpstream(t)
+	inst := startCaddy(t, "cut", site{routes: route(up, fmt.Sprintf("\t\tstorage postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t\ttimeout 1s\n\t\t}\n", dsn, table))})
+	// The table is made, and on the standby, before the link is cut.
+	if r := post(inst.URL(), "/orders", "warm", `{"amount":1}`); !r.isNew() {
+		t.Fatalf("with the standby in sync: %s, want the upstream's answer", r)
+	}
+
+	first := running(t, up, inst, "first", `{"amount":10}`, 2*time.Second)
+	link.Cut()
+	if r := <-first; !r.isNew() {
+		t.Fatalf("the request that ran while the standby was cut off: %s, want the upstream's answer", r)
+	}
+	if r := post(inst.URL(), "/orders", "cut", `{"amount":20}`); r.status != 503 || r.problem() != "urn:caddy-idempotency:store-unavailable" {
+		t.Fatalf("a new key with the standby cut off: %s, want 503 store-unavailable (not replicated)", r)
+	}
+	assertExecutions(t, up, "cut", 0)
+	testutil.Eventually(t, 30*time.Second, "the line of the cancelled waits", func() bool {
+		return strings.Contains(inst.Log(), "PostgreSQL cancelled idempotency commits' waits for a synchronous standby")
+	})
+
+	primary.Kill()
+	if err := standby.Promote(); err != nil {
+		t.Fatal(err)
+	}
+	var r reply
+	testutil.Eventually(t, time.Minute, "the first request's retry answered on the promoted standby", func() bool {
+		r = post(inst.URL(), "/orders", "first", `{"amount":10}`)
+		return r.status != 503 && !r.isConflict()
+	})
+	if !r.isReplayOf(1) {
+		t.Fatalf("the first request's retry after the promotion: %s, want its replay", r)
+	}
+	assertExecutions(t, up, "first", 1)
+	if r := post(inst.URL(), "/orders", "cut", `{"amount":20}`); !r.isNew() {
+		t.Fatalf("the new key's retry after the promotion: %s, want it run, once", r)
+	}
+	assertExecutions(t, up, "cut", 1)
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,5 +58,17 @@ func TestProblemsCanTakeAClientsErrorShape(t *testing.T) {
 	if err := json.Unmarshal(r.body, &body); err != nil || r.status != 422 || r.header.Get("Content-Type") != "application/json" ||
 		body.Error.Code != "urn:caddy-idempotency:key-reused" || !strings.Contains(body.Error.Message, "/amount") {
 		t.Fatalf("a key reused for another request: %s (%v), want a 422 in the error shape naming /amount", describe(r), err)
+	}
+	// docs/clients.md shows this answer: it must be what the module sends.
+	doc, err := os.ReadFile("../docs/clients.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, _ := strings.Cut(string(doc), "A key reused for another request then gets:")
+	_, block, _ := strings.Cut(after, "```http\n")
+	block, _, _ = strings.Cut(block, "```")
+	_, documented, _ := strings.Cut(block, "\n\n")
+	if strings.TrimSpace(documented) != strings.TrimSpace(string(r.body)) {
+		t.Fatalf("docs/clients.md shows the 422 as\n%s\nthe module sends\n%s", strings.TrimSpace(documented), r.body)
 	}
 }

@@ -328,7 +328,12 @@ var client = &http.Client{
 // base+path. header holds name, value pairs; "Host" sets the Host header,
 // and an explicit Content-Type replaces the JSON one.
 func post(base, path, key, body string, header ...string) reply {
-	req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
+	return postReader(base, path, key, strings.NewReader(body), header...)
+}
+
+// postReader is post with the body read from body.
+func postReader(base, path, key string, body io.Reader, header ...string) reply {
+	req, err := http.NewRequest(http.MethodPost, base+path, body)
 	if err != nil {
 		return reply{err: err}
 	}

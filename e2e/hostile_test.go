@@ -79,7 +79,10 @@ func repeat(v string, n int) []string {
 	return out
 }
 
-const keyInvalid = "urn:caddy-idempotency:key-invalid"
+const (
+	keyInvalid = "urn:caddy-idempotency:key-invalid"
+	scopeEmpty = "urn:caddy-idempotency:scope-empty"
+)
 
 func TestMalformedKeysGet400AndNothingRunsOrIsStored(t *testing.T) {
 	h := newHostile(t, "")

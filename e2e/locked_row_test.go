@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -343,4 +344,213 @@ func TestALockedRowUnderFailOpenRunsNoKeyTwice(t *testing.T) {
 	}
 	l.lockedKeyWaited(t, answers)
 	l.lockedKeyRunsOnceReleased(t)
+}
+
+// lockedStormCopies, lockedStormClients and lockedStormRounds are the
+// rig of issue 38's review: per round, 20 concurrent requests for the
+// locked key and 10 other clients, each sending a new key twice at once
+// (a double submit); three rounds.
+const (
+	lockedStormCopies  = 20
+	lockedStormClients = 10
+	lockedStormRounds  = 3
+)
+
+// sendStorm sends one round of the rig: lockedStormCopies requests for
+// the locked key and lockedStormClients new keys twice each, all at once.
+// It returns the unrelated keys' replies and the locked key's.
+func (l *lockedRow) sendStorm(round int) (unrelated map[string][]reply, locked []reply) {
+	unrelated = make(map[string][]reply)
+	locked = make([]reply, lockedStormCopies)
+	var mu sync.Mutex
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for c := range lockedStormClients {
+		key := fmt.Sprintf("order-storm-%d-%02d", round, c)
+		for range 2 {
+			wg.Go(func() {
+				<-start
+				r := post(l.inst.URL(), "/orders", key, `{"amount":3}`)
+				mu.Lock()
+				unrelated[key] = append(unrelated[key], r)
+				mu.Unlock()
+			})
+		}
+	}
+	for i := range locked {
+		wg.Go(func() {
+			<-start
+			locked[i] = post(l.inst.URL(), "/orders", lockedRowKey, `{"amount":1}`)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return unrelated, locked
+}
+
+// Many concurrent requests for one locked key hold up that key alone:
+// docs/guarantees.md, "A locked PostgreSQL row holds up its own key
+// only, however many requests for it arrive at once". Three rounds of 20
+// concurrent requests for the locked key with 10 other clients sending a
+// new key twice at once: every unrelated key runs exactly once, no
+// unrelated request gets 503, and the locked key never runs while its row
+// is held, under fail_closed and fail_open alike.
+//
+// Guards issue 38's finding: each of the 20 statements for the locked key
+// went out in a batch of its own, waited the lock wait, and rolled back
+// the innocent statements batched with it, which then met the next one:
+// 49 of 60 unrelated requests got 503, and under fail_open 15 to 20 of 30
+// unrelated double submits ran twice and the locked key ran 32 to 34
+// times. Measured on the code before the fix (main 7b26018): under
+// fail_closed, 43 of 60 unrelated requests got 503 (18 keys never ran);
+// under fail_open, 28 of 30 unrelated keys ran twice and the locked key
+// 42 times. With the fix: none, 6 runs of 6, idle and with both cores
+// kept busy.
+func TestALockedKeyStormHoldsUpNoOtherKey(t *testing.T) {
+	for _, policy := range []string{"fail_closed", "fail_open"} {
+		t.Run(policy, func(t *testing.T) {
+			l := newLockedRow(t, policy)
+			var lockedAnswers []reply
+			var twice, unavailable, off []string
+			for round := range lockedStormRounds {
+				unrelated, locked := l.sendStorm(round)
+				l.stillLocked(t, fmt.Sprintf("after round %d", round+1))
+				lockedAnswers = append(lockedAnswers, locked...)
+				for _, key := range slices.Sorted(maps.Keys(unrelated)) {
+					if n := l.up.Executions(key); n != 1 {
+						twice = append(twice, fmt.Sprintf("%s (%d executions)", key, n))
+					}
+					for _, r := range unrelated[key] {
+						switch {
+						case r.status == 503:
+							unavailable = append(unavailable, key+": "+describe(r))
+						case r.isNew() && r.execution() == 1, r.isConflict(), r.isReplayOf(1):
+						default:
+							off = append(off, key+": "+describe(r))
+						}
+					}
+				}
+			}
+			answers := append(l.stopClient(), lockedAnswers...)
+			t.Logf("%d rounds of %d requests for the locked key with %d double-submitted new keys: %d unrelated keys ran other than once, %d unrelated requests got 503, %d other answers",
+				lockedStormRounds, lockedStormCopies, lockedStormClients, len(twice), len(unavailable), len(off))
+			all := lockedStormRounds * lockedStormClients
+			if len(twice) > 0 {
+				t.Errorf("%d of %d unrelated keys did not run exactly once while another key's row was locked, e.g. %s",
+					len(twice), all, strings.Join(twice[:min(5, len(twice))], ", "))
+			}
+			if len(unavailable) > 0 {
+				t.Errorf("%d of %d unrelated requests got 503 while another key's row was locked, e.g. %s",
+					len(unavailable), 2*all, strings.Join(unavailable[:min(3, len(unavailable))], "; "))
+			}
+			if len(off) > 0 {
+				t.Errorf("%d unrelated answers were neither their key's one execution, 409 nor its replay, e.g. %s", len(off), strings.Join(off[:min(3, len(off))], "; "))
+			}
+			l.lockedKeyWaited(t, answers)
+			l.lockedKeyRunsOnceReleased(t)
+		})
+	}
+}
+
+// lockedLeaseKeys are the requests in flight whose rows the test locks at
+// once; lockedLeaseHold is how long, at lock_timeout lockedLeaseLease.
+const (
+	lockedLeaseKeys  = 5
+	lockedLeaseLease = 2 * time.Second
+	lockedLeaseHold  = 3 * time.Second
+)
+
+// An outside lock never lets a live lease be taken over:
+// docs/guarantees.md, "A row locked from outside never lets a live lease
+// be taken over". Requests running on instance a, whose owner lives and
+// renews, have their rows locked by an outside transaction for 3 s at
+// lock_timeout 2s (the renewals cannot land meanwhile, and the leases
+// lapse), while instance b retries every key every 100 ms: when the lock
+// goes, a's renewals land before any takeover, and every key runs once.
+//
+// Guards issue 38's finding: renewals skipped the locked rows (SKIP
+// LOCKED), the leases lapsed, and the takeover queued on the lock won the
+// moment it went: 2 executions, 3 of 3 runs. Measured on the code before
+// the fix (main 7b26018): all 5 keys ran twice. With the fix: once each,
+// 9 runs of 9, idle and with both cores kept busy.
+func TestALockedLeaseIsNotTakenOver(t *testing.T) {
+	store := onPostgres(t)
+	up := newUpstream(t)
+	s := site{routes: route(up, store.storage+"\nlock_timeout "+lockedLeaseLease.String()+"\nin_flight reject")}
+	a, b := startCaddy(t, "a", s), startCaddy(t, "b", s)
+	table := pgx.Identifier{store.table}.Sanitize()
+
+	work := lockedLeaseHold + 3*lockedLeaseLease
+	keys := make([]string, lockedLeaseKeys)
+	firsts := make([]<-chan reply, lockedLeaseKeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("order-locked-lease-%d", i)
+		firsts[i] = running(t, up, a, keys[i], `{"amount":10}`, work)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var n int
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT 1 FROM "+table+" WHERE key = ANY($1) AND state = 1 FOR UPDATE) l", keys).Scan(&n); err != nil || n != lockedLeaseKeys {
+		t.Fatalf("locking the rows of the requests in flight: %d of %d locked, %v", n, lockedLeaseKeys, err)
+	}
+	locked := time.Now()
+
+	// b retries every key every 100 ms, from the moment the rows are
+	// locked until the first requests have answered.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	retries := make(map[string]int)
+	for _, key := range keys {
+		wg.Go(func() {
+			for {
+				r := post(b.URL(), "/orders", key, `{"amount":10}`)
+				mu.Lock()
+				switch {
+				case r.isConflict():
+					retries["409"]++
+				case r.isNew():
+					retries["ran"]++
+				case r.replayed():
+					retries["replayed"]++
+				default:
+					retries[fmt.Sprint(r.status)]++
+				}
+				mu.Unlock()
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		})
+	}
+	time.Sleep(time.Until(locked.Add(lockedLeaseHold)))
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatalf("letting the rows go: %v", err)
+	}
+	for i, key := range keys {
+		if r := <-firsts[i]; !r.isNew() || r.execution() != 1 {
+			t.Errorf("the first request of %s: %s, want its own execution", key, describe(r))
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("b's retries while and after the rows were locked: %v", retries)
+	for _, key := range keys {
+		if n := up.Executions(key); n != 1 {
+			t.Errorf("the upstream ran %s %d times: its lease was taken over when the outside lock went", key, n)
+		}
+	}
 }

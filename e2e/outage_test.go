@@ -262,3 +262,58 @@ func TestCaddyStartsWhileTheStoreIsDownAndServesOnceItIsBack(t *testing.T) {
 		})
 	}
 }
+
+// TestAStopWaitsForACompletionTheStoreCouldNotTake is the review's
+// finding: a request ran while its store was unreachable, so its
+// completion went to the background retries (aftercare); Caddy, told to
+// stop (SIGTERM), exited at once and the completion died with it. Its key
+// stayed in flight until the lease lapsed, and the retry, on the next
+// instance, ran the payment again. Now an exiting Caddy waits for the
+// pending writes (up to exitDrain): the store comes back a second into
+// the stop, the completion lands, and the retry is a replay.
+func TestAStopWaitsForACompletionTheStoreCouldNotTake(t *testing.T) {
+	for _, name := range []string{"redis", "postgres"} {
+		t.Run(name, func(t *testing.T) {
+			var store backend
+			if name == "redis" {
+				store = onRedis(t, sharedRedisAddr(t), redisTimeouts)
+			} else {
+				store = onPostgres(t)
+			}
+			p := proxyTo(t, store.addr)
+			up := newUpstream(t)
+			lease := 2 * time.Second
+			siteOn := func(storage string) site {
+				return site{
+					globals: "idempotency {\n" + storage + "\n}",
+					routes:  fmt.Sprintf("\tidempotency {\n\t\tlock_timeout %s\n\t}\n\treverse_proxy %s\n", lease, up.Addr),
+				}
+			}
+			inst := startCaddy(t, "stopping", siteOn(store.storageAt(p.Addr)))
+			const body = `{"amount":10}`
+			inFlight := running(t, up, inst, "stop-pending", body, time.Second)
+			p.Cut()
+			if r := <-inFlight; !r.isNew() {
+				t.Fatalf("the request that ran while the store was cut: %s, want its 201", r)
+			}
+			restored := make(chan struct{})
+			go func() {
+				defer close(restored)
+				time.Sleep(time.Second)
+				mustRestore(t, p)
+			}()
+			if !inst.Terminate(30 * time.Second) {
+				t.Fatalf("caddy did not stop within 30s of SIGTERM:\n%s", inst.Log())
+			}
+			<-restored
+			// Past the lease: a completion that died with the process
+			// would have left the key to the retry.
+			time.Sleep(lease + time.Second)
+			next := startCaddy(t, "next", siteOn(store.storage))
+			if r := post(next.URL(), "/orders", "stop-pending", body); !r.isReplayOf(1) {
+				t.Fatalf("the retry on the next instance: %s, want the replay of the one execution\n%s", r, inst.Log())
+			}
+			assertExecutions(t, up, "stop-pending", 1)
+		})
+	}
+}

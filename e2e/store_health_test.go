@@ -19,10 +19,12 @@ import (
 // A PostgreSQL store that cannot serve says why, at once, in caddy
 // validate's output, in caddy run's start-up log and in GET
 // /idempotency/stores (issue 28): a missing table or column (create_table
-// off), a wrong password, a closed port, a wrong database. Never the
-// "operation was canceled" or "closed pool" of a pool closed under its
-// ping. Validate accepts the configuration with a warning, as run starts
-// with one: the store may come up later.
+// off), a wrong password, a closed port, a wrong database, a parameter
+// the server does not know, a read-only database. Never the "operation
+// was canceled" or "closed pool" of a pool closed under its ping. Validate
+// refuses a store that answered and refused, and accepts one it could not
+// reach with a warning (CI may validate without the store); run starts
+// with a warning either way: the store may be fixed or come up later.
 func TestAStoreThatCannotServeSaysWhy(t *testing.T) {
 	dsn := pgtest.Require(t)
 	u, err := url.Parse(dsn)
@@ -44,21 +46,28 @@ func TestAStoreThatCannotServeSaysWhy(t *testing.T) {
 	role, password := pgtest.Name("idem_pw_"), "right-pw"
 	requirePassword(t, dsn, role, password)
 	missing := pgtest.Table(t, dsn)
+	readOnly, readOnlyName := pgtest.Database(t, dsn)
+	pgtest.Exec(t, dsn, `ALTER DATABASE `+pgx.Identifier{readOnlyName}.Sanitize()+` SET default_transaction_read_only = on`)
 
 	for _, tc := range []struct {
 		name, dsn, options string
 		want               []string // in the warning, and in the admin API's error
+		unreachable        bool     // validate warns instead of failing
 	}{
 		{"missing table", dsn, "table " + missing + "\n\t\tcreate_table false",
-			[]string{`table \"` + missing + `\" does not exist`, "caddy idempotency schema", "create_table"}},
+			[]string{`table \"` + missing + `\" does not exist`, "caddy idempotency schema", "create_table"}, false},
 		{"missing column", dsn, "table " + noDetail + "\n\t\tcreate_table false",
-			[]string{`table \"` + noDetail + `\" lacks a column`, "column detail", "caddy idempotency schema", "create_table"}},
+			[]string{`table \"` + noDetail + `\" lacks a column`, "column detail", "caddy idempotency schema", "create_table"}, false},
 		{"wrong password", at(func(u *url.URL) { u.User = url.UserPassword(role, "wrong-pw") }), "",
-			[]string{"password authentication failed for user", "28P01"}},
+			[]string{"password authentication failed for user", "28P01"}, false},
 		{"closed port", at(func(u *url.URL) { u.Host = deadPort(t) }), "",
-			[]string{"connection refused"}},
+			[]string{"connection refused"}, true},
 		{"wrong database", at(func(u *url.URL) { u.Path = "/nosuchdb" }), "",
-			[]string{`database \"nosuchdb\" does not exist`}},
+			[]string{`database \"nosuchdb\" does not exist`}, false},
+		{"misspelt parameter", at(func(u *url.URL) { u.RawQuery = "sslmod=disable" }), "",
+			[]string{`unrecognized configuration parameter \"sslmod\"`}, false},
+		{"read-only database", readOnly, "",
+			[]string{"read-only server", "default_transaction_read_only"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			storage := "storage postgres {\n\t\tdsn \"" + tc.dsn + "\"\n\t\t" + tc.options + "\n\t}"
@@ -79,11 +88,15 @@ func TestAStoreThatCannotServeSaysWhy(t *testing.T) {
 			}
 
 			ok, out := caddyValidate(t, "{\n\tadmin off\n\tpersist_config off\n}\n\n"+s.config(8080).Sites, "caddyfile")
-			if !ok || !strings.Contains(out, "Valid configuration") {
-				t.Errorf("caddy validate refused it (an unusable store is a warning, as at start-up):\n%s", tail(out, 20))
-			}
-			if !strings.Contains(out, `"msg":"idempotency store not usable`) && !strings.Contains(out, `"msg":"idempotency store unreachable`) {
+			switch {
+			case tc.unreachable && (!ok || !strings.Contains(out, "Valid configuration")):
+				t.Errorf("caddy validate refused a store it could not reach (a warning, as at start-up):\n%s", tail(out, 20))
+			case tc.unreachable && !strings.Contains(out, `"msg":"idempotency store unreachable while validating`):
 				t.Errorf("caddy validate did not warn of the store:\n%s", tail(out, 20))
+			case !tc.unreachable && ok:
+				t.Errorf("caddy validate accepted a store that answered and refused:\n%s", tail(out, 20))
+			case !tc.unreachable && !strings.Contains(out, "idempotency store not usable: it answered with an error"):
+				t.Errorf("caddy validate did not say the store refused:\n%s", tail(out, 20))
 			}
 			wrong("caddy validate", out)
 
@@ -165,3 +178,28 @@ func requirePassword(t *testing.T, dsn, role, password string) {
 
 // pgQuote quotes s as an SQL string literal.
 func pgQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// caddy validate writes nothing: a PostgreSQL store that would create
+// its table on first use (create_table, the default) leaves the database
+// as it was, and the configuration is valid; caddy run creates the table
+// (its first ping).
+func TestValidateWritesNothing(t *testing.T) {
+	dsn := pgtest.Require(t)
+	table := pgtest.Table(t, dsn)
+	up := newUpstream(t)
+	s := site{routes: route(up, "storage postgres {\n\t\tdsn \""+dsn+"\"\n\t\ttable "+table+"\n\t}")}
+	exists := func() bool {
+		var name *string
+		pgQuery(t, "SELECT to_regclass('"+table+"')::text", func(r pgx.Rows) error { return r.Scan(&name) })
+		return name != nil
+	}
+	ok, out := caddyValidate(t, "{\n\tadmin off\n\tpersist_config off\n}\n\n"+s.config(8080).Sites, "caddyfile")
+	if !ok || !strings.Contains(out, "Valid configuration") {
+		t.Fatalf("caddy validate refused a store that answers:\n%s", tail(out, 20))
+	}
+	if exists() {
+		t.Fatalf("caddy validate created the table %s", table)
+	}
+	startCaddy(t, "caddy", s)
+	testutil.Eventually(t, 20*time.Second, "caddy run to create the table", exists)
+}

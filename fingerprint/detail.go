@@ -122,48 +122,51 @@ func (f *Fingerprinter) DetailCanonical(method, path, rawQuery string, header ht
 // empty object lists no members), and is read assuming that the
 // canonical_json and ignore options have not changed since.
 func (f *Fingerprinter) Differs(detail []byte, method, path, rawQuery string, header http.Header, body []byte) (differs []string, ok bool) {
-	version, salt, stored, twice, err := parseDetail(detail)
+	// Both sides are lists searched in place, on the stack for a request
+	// of a few dozen parts: a 422 costs its answer, not a map per side.
+	var storedParts, currentParts [maxListed]namedDigest
+	var currentNames [maxListedNames]byte
+	version, salt, stored, err := parseDetail(detail, storedParts[:0])
 	if err != nil {
 		return nil, false
 	}
-	var current []part
-	f.parts(salt, method, path, rawQuery, header, body, nil, func(count int) {
-		current = make([]part, 0, count)
-	}, func(name []byte, digest [partDigestSize]byte) {
-		current = append(current, part{string(name), digest})
+	differs = make([]string, 0, 4) // one allocation for the usual few
+	cur := partList{names: currentNames[:0], parts: currentParts[:0]}
+	f.parts(salt, method, path, rawQuery, header, body, nil, func(int) {}, func(name []byte, digest [partDigestSize]byte) {
+		// Not a method of cur: appending through a pointer would move
+		// the arrays to the heap.
+		at := len(cur.names)
+		cur.names = append(cur.names, name...)
+		cur.parts = append(cur.parts, namedDigest{at, len(cur.names), digest})
 	})
-	cur := make(map[string][partDigestSize]byte, len(current))
-	for _, p := range current {
-		if _, dup := cur[p.name]; dup {
-			twice[p.name] = true
-		}
-		cur[p.name] = p.digest
-	}
+	// twice: a name either side lists more than once.
+	twice := func(name []byte) bool { return stored.twice(name) || cur.twice(name) }
 	// differ reports whether both sides have the part and its digests
 	// differ: a part one side lacks is not known to differ.
-	differ := func(name string) bool {
-		s, sok := stored[name]
-		c, cok := cur[name]
+	differ := func(name []byte) bool {
+		s, sok := stored.digest(name)
+		c, cok := cur.digest(name)
 		return sok && cok && s != c
 	}
 	has := func(name string) bool { return slices.Contains(differs, name) }
 
-	for _, p := range current {
-		if p.name == "method" || p.name == "path" || p.name == "query" || strings.HasPrefix(p.name, "header ") {
-			if differ(p.name) {
-				differs = append(differs, p.name)
+	for _, p := range cur.parts {
+		name := cur.name(p)
+		if string(name) == "method" || string(name) == "path" || string(name) == "query" || bytes.HasPrefix(name, []byte("header ")) {
+			if differ(name) {
+				differs = append(differs, f.partName(name))
 			}
 		}
 	}
 	var then []string // headers fingerprinted then, not now
-	for name := range stored {
-		if _, now := cur[name]; !now && strings.HasPrefix(name, "header ") {
-			then = append(then, name)
+	for _, p := range stored.parts {
+		if name := stored.name(p); bytes.HasPrefix(name, []byte("header ")) && !cur.has(name) && !slices.Contains(then, string(name)) {
+			then = append(then, string(name))
 		}
 	}
 	slices.Sort(then)
 	for _, name := range then {
-		if stored[name] != f.headerDigest(salt, name, header) {
+		if s, _ := stored.digest([]byte(name)); s != f.headerDigest(salt, name, header) {
 			differs = append(differs, name)
 		}
 	}
@@ -171,27 +174,31 @@ func (f *Fingerprinter) Differs(detail []byte, method, path, rawQuery string, he
 	// How each body was compared: as canonical JSON (with "json options")
 	// or as bytes; a detail of version 1 does not say.
 	v1 := version == detailVersionV1
-	_, storedJSON := stored[partJSONOptions]
-	_, curJSON := cur[partJSONOptions]
-	if name := "header Content-Type"; differ(partContentJSON) && storedJSON != curJSON && !has(name) {
+	storedJSON := stored.has([]byte(partJSONOptions))
+	curJSON := cur.has([]byte(partJSONOptions))
+	if name := "header Content-Type"; differ([]byte(partContentJSON)) && storedJSON != curJSON && !has(name) {
 		differs = append(differs, name) // it changed how the body was compared
 	}
 	was, sameOptions := wasUnknown, true // version 1: options assumed unchanged
 	if !v1 {
 		was, sameOptions = wasRaw, false
 		if storedJSON {
-			was, sameOptions = wasJSON, stored[partJSONOptions] == f.optionsDigest(salt)
+			options, _ := stored.digest([]byte(partJSONOptions))
+			was, sameOptions = wasJSON, options == f.optionsDigest(salt)
 		}
 	}
-	if _, ok := stored[partBody]; !ok || !f.bodyDiffers(salt, stored[partBody], cur[partBody], was, sameOptions, body) {
+	encoded := undecodedCodings(header, body) != ""
+	storedBody, hadBody := stored.digest([]byte(partBody))
+	curBody, _ := cur.digest([]byte(partBody))
+	if !hadBody || !f.bodyDiffers(salt, storedBody, curBody, was, sameOptions, encoded, body) {
 		return differs, true
 	}
 	differs = append(differs, partBody)
-	_, complete := stored[partObject]
+	complete := stored.has([]byte(partObject))
 	if v1 {
 		// Version 1 listed the members of a JSON object body, or none.
-		for name := range stored {
-			if strings.HasPrefix(name, "/") {
+		for _, p := range stored.parts {
+			if bytes.HasPrefix(stored.name(p), []byte("/")) {
 				storedJSON, complete = true, true
 				break
 			}
@@ -201,16 +208,114 @@ func (f *Fingerprinter) Differs(detail []byte, method, path, rawQuery string, he
 		return differs, true
 	}
 	members := len(differs)
-	for _, p := range current {
-		if !strings.HasPrefix(p.name, "/") || twice[p.name] || has(p.name) {
+	for _, p := range cur.parts {
+		name := cur.name(p)
+		if !bytes.HasPrefix(name, []byte("/")) || twice(name) {
 			continue
 		}
-		if s, had := stored[p.name]; had && s != p.digest || !had && complete {
-			differs = append(differs, p.name)
+		if s, had := stored.digest(name); had && s != p.digest || !had && complete {
+			differs = append(differs, string(name))
 		}
 	}
 	slices.Sort(differs[members:])
 	return differs, true
+}
+
+// maxListed and maxListedNames size the lists Differs keeps on its stack:
+// a request of more parts, or longer names, moves them to the heap.
+const (
+	maxListed      = 32
+	maxListedNames = 512
+)
+
+// partList is one side's parts as Differs searches them: each name a span
+// of names, with its digest. A name listed twice (a member a body gives
+// twice) is found as its last listing, as a map would keep it.
+type partList struct {
+	names []byte
+	parts []namedDigest
+}
+
+// namedDigest is one part of a partList: its name, names[at:end], and
+// digest.
+type namedDigest struct {
+	at, end int
+	digest  [partDigestSize]byte
+}
+
+func (l partList) name(p namedDigest) []byte { return l.names[p.at:p.end] }
+
+// digest returns the digest of the last part named name.
+func (l partList) digest(name []byte) ([partDigestSize]byte, bool) {
+	for i := len(l.parts) - 1; i >= 0; i-- {
+		if bytes.Equal(l.name(l.parts[i]), name) {
+			return l.parts[i].digest, true
+		}
+	}
+	return [partDigestSize]byte{}, false
+}
+
+func (l partList) has(name []byte) bool {
+	_, ok := l.digest(name)
+	return ok
+}
+
+// twice reports whether name is listed more than once.
+func (l partList) twice(name []byte) bool {
+	n := 0
+	for _, p := range l.parts {
+		if bytes.Equal(l.name(p), name) {
+			n++
+		}
+	}
+	return n > 1
+}
+
+// parseDetail reads a detail of either version into its salt and parts,
+// appended to parts; the names are spans of detail.
+func parseDetail(detail []byte, parts []namedDigest) (version byte, salt []byte, l partList, err error) {
+	if len(detail) < 1+saltSize || (detail[0] != detailVersion && detail[0] != detailVersionV1) {
+		return 0, nil, l, errDetail
+	}
+	l = partList{names: detail, parts: parts}
+	version, salt = detail[0], detail[1:1+saltSize]
+	d := decoder{b: detail[1+saltSize:]}
+	n := d.count()
+	for range n {
+		size := d.count()
+		at := len(detail) - len(d.b)
+		if d.err != nil || len(d.b) < size+partDigestSize {
+			return 0, nil, l, errDetail
+		}
+		d.b = d.b[size:]
+		l.parts = append(l.parts, namedDigest{at, at + size, [partDigestSize]byte(d.b[:partDigestSize])})
+		d.b = d.b[partDigestSize:]
+	}
+	if d.err != nil || len(d.b) != 0 {
+		return 0, nil, l, errDetail
+	}
+	return version, salt, l, nil
+}
+
+// partName is name as a string, without a copy for the names every
+// request has.
+func (f *Fingerprinter) partName(name []byte) string {
+	switch string(name) {
+	case "method":
+		return "method"
+	case "path":
+		return "path"
+	case "query":
+		return "query"
+	}
+	if f != nil {
+		for _, h := range f.headerParts {
+			if string(name) == h {
+				return h
+			}
+		}
+	}
+	return string(name)
 }
 
 // storedBody is how the body of a detail was compared.
@@ -229,9 +334,16 @@ const (
 // once as JSON and once as bytes is therefore not named when it is the
 // same JSON in other bytes: the detail holds no digest of the JSON body's
 // bytes, and keeping one would cost every new key another pass over its
-// body.
-func (f *Fingerprinter) bodyDiffers(salt []byte, stored, cur [partDigestSize]byte, was storedBody, sameOptions bool, body []byte) bool {
-	if stored == cur || stored == f.bodyDigest(salt, bodyRaw, body) {
+// body. A body of codings that are not decoded (encoded) equals only the
+// same bytes under the same codings: its own digest.
+func (f *Fingerprinter) bodyDiffers(salt []byte, stored, cur [partDigestSize]byte, was storedBody, sameOptions, encoded bool, body []byte) bool {
+	if stored == cur {
+		return false
+	}
+	if encoded {
+		return true
+	}
+	if stored == f.bodyDigest(salt, bodyRaw, body) {
 		return false
 	}
 	if was == wasRaw {
@@ -287,12 +399,6 @@ func (f *Fingerprinter) headerDigest(salt []byte, part string, header http.Heade
 	return st.digest(nil)
 }
 
-// part is one named part of a request and its salted digest.
-type part struct {
-	name   string
-	digest [partDigestSize]byte
-}
-
 // digest returns the first bytes of SHA-256(st.salt, st.frame, value).
 func (st *sumState) digest(value []byte) [partDigestSize]byte {
 	st.h.Reset()
@@ -323,7 +429,7 @@ func (f *Fingerprinter) parts(salt []byte, method, path, rawQuery string, header
 	defer putSumState(st)
 	payload, tag := canonical, byte(bodyCanonical)
 	if canonical == nil {
-		payload, tag = cfg.body(st, header, body)
+		payload, tag = cfg.body(st, header, body, undecodedCodings(header, body))
 	}
 	count := 4 + len(cfg.headers)
 	if cfg.canonicalJSON {
@@ -414,34 +520,6 @@ func appendPointer(dst, name []byte) []byte {
 	return dst
 }
 
-// parseDetail reads a detail of either version into its salt and digests
-// by part name; twice holds the names listed more than once (a member
-// named twice in the body), whose digest is the last one's.
-func parseDetail(b []byte) (version byte, salt []byte, digests map[string][partDigestSize]byte, twice map[string]bool, err error) {
-	if len(b) < 1+saltSize || (b[0] != detailVersion && b[0] != detailVersionV1) {
-		return 0, nil, nil, nil, errDetail
-	}
-	version, salt, d := b[0], b[1:1+saltSize], decoder{b: b[1+saltSize:]}
-	n := d.count()
-	digests = make(map[string][partDigestSize]byte, n)
-	twice = make(map[string]bool)
-	for range n {
-		name := d.string()
-		if d.err != nil || len(d.b) < partDigestSize {
-			return 0, nil, nil, nil, errDetail
-		}
-		if _, dup := digests[name]; dup {
-			twice[name] = true
-		}
-		digests[name] = [partDigestSize]byte(d.b[:partDigestSize])
-		d.b = d.b[partDigestSize:]
-	}
-	if d.err != nil || len(d.b) != 0 {
-		return 0, nil, nil, nil, errDetail
-	}
-	return version, salt, digests, twice, nil
-}
-
 // decoder reads uvarint-framed data, remembering the first error.
 type decoder struct {
 	b   []byte
@@ -469,16 +547,6 @@ func (d *decoder) count() int {
 		return 0
 	}
 	return int(n)
-}
-
-func (d *decoder) string() string {
-	n := d.count()
-	if d.err != nil {
-		return ""
-	}
-	s := string(d.b[:n])
-	d.b = d.b[n:]
-	return s
 }
 
 // canonicalMembers calls fn with the decoded name and the encoding (name

@@ -39,7 +39,7 @@ func detailV1(f *Fingerprinter, salt [saltSize]byte, method, path, rawQuery stri
 		n := "header " + name
 		digest(n, appendHeaderValues(appendString(nil, n), name, header[name]), nil)
 	}
-	payload, tag := cfg.body(st, header, body)
+	payload, tag := cfg.body(st, header, body, "")
 	digest("body", append(appendString(nil, "body"), tag), payload)
 	if tag == bodyCanonical {
 		var members []namedDigest

@@ -21,11 +21,13 @@ const Size = sha256.Size
 const version = "caddy-idempotency/fingerprint/v1\x00"
 
 // Body tags: a body that canonicalised as JSON is hashed in the canonical
-// encoding, any other body as its raw bytes. The tag keeps a raw body from
-// ever colliding with the canonical encoding of some JSON body.
+// encoding, any other body as its raw bytes, and a body of codings that
+// DecodeContent does not decode as its codings and its bytes. The tag
+// keeps each kind from ever colliding with another.
 const (
 	bodyCanonical = 'J'
 	bodyRaw       = 'R'
+	bodyEncoded   = 'E'
 )
 
 // Fingerprinter computes request fingerprints: the SHA-256 of the parts of a
@@ -34,6 +36,7 @@ const (
 // (and a nil *Fingerprinter) hashes no headers and raw bodies.
 type Fingerprinter struct {
 	headers       []string // canonical MIME header keys, in configured order
+	headerParts   []string // their parts' names in a detail: "header <Name>"
 	canonicalJSON bool
 	ignore        *pointerTrie // JSON members left out; nil for none
 	ignoreKey     []byte       // the ignored pointers, sorted and framed: part of a detail
@@ -78,6 +81,7 @@ func NewFingerprinter(o Options) (*Fingerprinter, error) {
 func New(headers []string, canonicalJSON bool) *Fingerprinter {
 	f := &Fingerprinter{
 		headers:       make([]string, len(headers)),
+		headerParts:   make([]string, len(headers)),
 		canonicalJSON: canonicalJSON,
 		ignoreKey:     ignoreKey(nil),
 	}
@@ -86,6 +90,7 @@ func New(headers []string, canonicalJSON bool) *Fingerprinter {
 	}
 	for i, h := range headers {
 		f.headers[i] = textproto.CanonicalMIMEHeaderKey(h)
+		f.headerParts[i] = "header " + f.headers[i]
 	}
 	return f
 }
@@ -130,6 +135,14 @@ var sumPool = sync.Pool{New: func() any { return &sumState{h: sha256.New()} }}
 // and the length-prefixed body. Only bodies declared as JSON (see
 // DeclaresJSON) are canonicalised; any other body is compared byte for
 // byte, so that "100" and "1e2" in a text/csv body differ.
+//
+// body is the request's content: a body whose Content-Encoding names
+// codings that DecodeContent decodes is given decoded (so that a body
+// sent gzipped and the same body sent as it is match), any other body as
+// it was sent. A body with a coding that DecodeContent does not decode is
+// compared byte for byte together with its codings (tag 'E', then the
+// codings and the body, each length-prefixed), never canonicalised: it
+// matches only the same bytes under the same codings.
 func (f *Fingerprinter) Sum(dst []byte, method, path, rawQuery string, header http.Header, body []byte) []byte {
 	dst, _ = f.SumJSON(dst, method, path, rawQuery, header, body)
 	return dst
@@ -171,7 +184,8 @@ func (f *Fingerprinter) sumJSON(dst, canon []byte, keep bool, method, path, rawQ
 
 	// A JSON body seen before, byte for byte, with the same frame: its
 	// canonical sum is remembered (memo.go).
-	memo := cfg.memo != nil && cfg.canonicalJSON && DeclaresJSON(header)
+	encoded := undecodedCodings(header, body)
+	memo := cfg.memo != nil && cfg.canonicalJSON && encoded == "" && DeclaresJSON(header)
 	var raw memoKey
 	prefix := len(fr)
 	if memo {
@@ -186,7 +200,7 @@ func (f *Fingerprinter) sumJSON(dst, canon []byte, keep bool, method, path, rawQ
 		st.h.Reset()
 	}
 
-	payload, tag := cfg.body(st, header, body)
+	payload, tag := cfg.body(st, header, body, encoded)
 	tail := len(fr)
 	fr = append(fr, tag)
 	fr = binary.AppendUvarint(fr, uint64(len(payload)))
@@ -210,9 +224,13 @@ func (f *Fingerprinter) sumJSON(dst, canon []byte, keep bool, method, path, rawQ
 	return dst, canon, tag == bodyCanonical
 }
 
-// body returns what of body is hashed, in st's buffer when canonical, and
-// its tag.
-func (f *Fingerprinter) body(st *sumState, header http.Header, body []byte) ([]byte, byte) {
+// body returns what of body is hashed, in st's buffer when canonical or
+// encoded (the body's undecoded codings, "" for none), and its tag.
+func (f *Fingerprinter) body(st *sumState, header http.Header, body []byte, encoded string) ([]byte, byte) {
+	if encoded != "" {
+		st.canon = append(appendString(st.canon[:0], encoded), body...)
+		return st.canon, bodyEncoded
+	}
 	if !f.canonicalJSON || !DeclaresJSON(header) {
 		return body, bodyRaw
 	}
@@ -222,6 +240,17 @@ func (f *Fingerprinter) body(st *sumState, header http.Header, body []byte) ([]b
 		return body, bodyRaw
 	}
 	return canon, bodyCanonical
+}
+
+// undecodedCodings names the codings of a body that DecodeContent does
+// not decode ("" when there are none, or it decodes them). An empty body
+// is empty content, however it is labelled.
+func undecodedCodings(header http.Header, body []byte) string {
+	values := header["Content-Encoding"]
+	if len(values) == 0 || len(body) == 0 {
+		return ""
+	}
+	return ParseCodings(values).Undecoded()
 }
 
 // appendString appends s with a uvarint length prefix, which keeps adjacent

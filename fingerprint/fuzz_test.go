@@ -348,3 +348,50 @@ func FuzzPointerLookup(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeContent: whatever bytes a body of a coding holds, decoding
+// answers the content, ErrContentTooLarge or a *DecodeError, never more
+// than limit+1 bytes of content and never a panic; and content encoded in
+// each coding decodes to itself within the limit, or is too large.
+func FuzzDecodeContent(f *testing.F) {
+	for _, s := range []string{``, `{"amount":10}`, strings.Repeat("abc", 400)} {
+		for c := range byte(6) {
+			f.Add([]byte(s), c, uint16(1000))
+		}
+	}
+	f.Add([]byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff}, byte(0), uint16(10))
+	f.Add([]byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x70, 0x09, 0, 0, 'x'}, byte(2), uint16(10))
+	codings := []string{"gzip", "deflate", "zstd", "gzip, zstd", "zstd, deflate", "deflate"}
+	f.Fuzz(func(t *testing.T, data []byte, which byte, limit16 uint16) {
+		coding, limit := codings[int(which)%len(codings)], int64(limit16)
+		c := ParseCodings([]string{coding})
+		var dst bytes.Buffer
+		err := DecodeContent(&dst, c, data, limit)
+		var de *DecodeError
+		if err != nil && !errors.Is(err, ErrContentTooLarge) && !errors.As(err, &de) {
+			t.Fatalf("%s: %T %v", coding, err, err)
+		}
+		if int64(dst.Len()) > limit+1 || err == nil && int64(dst.Len()) > limit {
+			t.Fatalf("%s: %d bytes of content past a limit of %d (%v)", coding, dst.Len(), limit, err)
+		}
+
+		list := strings.Split(strings.ReplaceAll(coding, " ", ""), ",")
+		if int(which)%len(codings) == len(codings)-1 {
+			list = []string{"raw-deflate"}
+		}
+		dst.Reset()
+		err = DecodeContent(&dst, c, encode(t, data, list...), limit)
+		switch {
+		case len(data) == 0:
+			if err != nil || dst.Len() != 0 {
+				t.Fatalf("%s: empty content: %v, %d bytes", coding, err, dst.Len())
+			}
+		case int64(len(data)) > limit:
+			if !errors.Is(err, ErrContentTooLarge) {
+				t.Fatalf("%s: %d bytes of content over a limit of %d: %v", coding, len(data), limit, err)
+			}
+		case err != nil || !bytes.Equal(dst.Bytes(), data):
+			t.Fatalf("%s: %d bytes of content decoded to %d: %v", coding, len(data), dst.Len(), err)
+		}
+	})
+}

@@ -9,6 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +27,7 @@ import (
 	_ "github.com/caddy-idempotency/caddy-idempotency" // the idempotency module and directive
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 )
 
 // These tests run a real Caddy in this process, configured from a
@@ -108,7 +112,52 @@ http://127.0.0.1:%d {
 		t.Fatalf("load: %v", err)
 	}
 	t.Cleanup(func() { _ = caddy.Stop() })
+	ports := []int{port}
+	if m := adminPort.FindStringSubmatch(globals); m != nil {
+		p, _ := strconv.Atoi(m[1])
+		ports = append(ports, p)
+	}
+	oneListener(t, ports...)
 	return fmt.Sprintf("http://127.0.0.1:%d", port)
+}
+
+var adminPort = regexp.MustCompile(`admin 127\.0\.0\.1:(\d+)`)
+
+// oneListener waits until only one socket listens on each port. Caddy
+// listens with SO_REUSEPORT, so a reload binds a socket of its own beside
+// the old config's, and the kernel spreads new connections over both
+// until the old one closes (once Load has returned, as the old servers
+// shut down): a connection still queued on it then is reset, an EOF
+// after the request was sent. A test's request after a reload waits for
+// that, rather than meet it by chance.
+func oneListener(t *testing.T, ports ...int) {
+	t.Helper()
+	for _, port := range ports {
+		testutil.Eventually(t, 10*time.Second, fmt.Sprintf("one socket listening on port %d", port), func() bool {
+			n, ok := listeners(port)
+			return !ok || n == 1
+		})
+	}
+}
+
+// listeners counts the sockets listening on port, from /proc/net/tcp and
+// tcp6; ok is false where there is no /proc.
+func listeners(port int) (n int, ok bool) {
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		ok = true
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			fields := strings.Fields(line)
+			// local_address is hex address:port, st 0A is LISTEN
+			if len(fields) > 3 && fields[3] == "0A" && strings.HasSuffix(fields[1], fmt.Sprintf(":%04X", port)) {
+				n++
+			}
+		}
+	}
+	return n, ok
 }
 
 // client does not ask for compression unless told and never decodes.
@@ -167,15 +216,19 @@ func tryPost(url, key, body string, header ...string) (*http.Response, []byte, e
 // own: the Caddyfile side of the backend matrix in matrix_test.go. A
 // subtest whose server does not answer is skipped, or failed under
 // CI=true.
+// memoryStorage is a memory storage block of its own (a store is shared
+// by the configs that describe it alike: see uniqueMaxKeys).
+func memoryStorage() string {
+	return fmt.Sprintf("storage memory {\n\tmax_keys %d\n}", uniqueMaxKeys())
+}
+
 func storages(t *testing.T, test func(t *testing.T, storage string)) {
 	t.Helper()
 	for _, s := range []struct {
 		name  string
 		block func(t *testing.T) string
 	}{
-		{"memory", func(*testing.T) string {
-			return fmt.Sprintf("storage memory {\n\tmax_keys %d\n}", uniqueMaxKeys())
-		}},
+		{"memory", func(*testing.T) string { return memoryStorage() }},
 		{"redis", func(t *testing.T) string {
 			addr := redistest.Addr()
 			redistest.Require(t, addr)

@@ -143,9 +143,7 @@ func TestAGRPCUnaryCallIsReplayedWithItsStatus(t *testing.T) {
 
 	base := loadCaddyfileGlobals(t, freePort(t), "admin off\n\tservers {\n\t\tprotocols h1 h2c\n\t}", `
 	idempotency {
-		storage memory {
-			max_keys `+fmt.Sprint(uniqueMaxKeys())+`
-		}
+		`+memoryStorage()+`
 	}
 	reverse_proxy h2c://`+ln.Addr().String())
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -107,6 +108,9 @@ type sendPlan struct {
 	// patient senders back off exponentially (a scale wave's thousands
 	// of them, as SDKs do), up to patientBackoff.
 	patient bool
+	// once: the sender makes one attempt, whatever it gets (a storm's
+	// retries).
+	once bool
 }
 
 // patientBackoff caps a patient sender's backoff.
@@ -139,7 +143,7 @@ func (c *clients) send(ctx context.Context, in *intentSpec, sender int, rng *ran
 		a := c.attempt(ctx, in, n, b, rd)
 		a.Sender, a.Seq = sender, seq
 		c.rec.attempt(a)
-		if finalForClient(&a) {
+		if finalForClient(&a) || sp.once {
 			return
 		}
 		d := backoff(rng, &a)
@@ -204,7 +208,8 @@ func (c *clients) sweep(ctx context.Context, attempts int) {
 // when not nil, is a client of its own that speaks rd's protocol and
 // reads as rd says.
 func (c *clients) attempt(ctx context.Context, in *intentSpec, n *node, b behaviour, rd *reader) history.Attempt {
-	a := history.Attempt{Intent: in.ID, Instance: n.name, AskDelay: b.delay, AskStatus: b.status, AskBreak: b.breakOff, AskSize: b.size}
+	a := history.Attempt{Intent: in.ID, Instance: n.name, AskDelay: b.delay, AskStatus: b.status, AskBreak: b.breakOff, AskSize: b.size,
+		AskFail: b.fail, AskSilence: b.silence}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	var hungUp atomic.Bool
@@ -242,6 +247,15 @@ func (c *clients) attempt(ctx context.Context, in *intentSpec, n *node, b behavi
 	if b.size > 0 {
 		// Streamed in 8 KiB chunks as fast as Caddy takes them.
 		req.Header.Set("X-Upstream-Size", strconv.Itoa(b.size))
+	}
+	if b.fail != "" {
+		req.Header.Set("X-Upstream-Fail", b.fail)
+	}
+	if b.silence > 0 {
+		req.Header.Set("X-Upstream-Silence", fmt.Sprintf("%d:%d", b.silentAt, b.silence.Milliseconds()))
+		if b.silentAt == 0 {
+			req.Header.Set("X-Upstream-Unsized", "true")
+		}
 	}
 	a.Start = c.rec.now()
 	resp, err := hc.Do(req)
@@ -289,8 +303,12 @@ func parseBody(a *history.Attempt, contentType string, body []byte) {
 }
 
 // finalForClient reports whether a client stops retrying after a: it got
-// a whole answer that does not free the key.
+// a whole answer that does not free the key, or the answer that its
+// key's outcome is unknown (not retryable: a client reconciles instead).
 func finalForClient(a *history.Attempt) bool {
+	if a.Problem == history.ProblemOutcomeUnknown {
+		return true
+	}
 	return a.Status > 0 && a.Err == "" && !a.HungUp && a.Status != http.StatusConflict && a.Status < 500
 }
 

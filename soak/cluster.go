@@ -25,8 +25,11 @@ type cluster struct {
 	redis *servers.Redis
 	pg    *servers.Postgres
 	up    *caddyproc.Upstream
-	cert  *caddyproc.Cert // the TLS servers'; their clients trust it
-	nodes []*node
+	// refuse refuses connections: the upstream of the proxy that
+	// attempts asking X-Upstream-Fail refused take.
+	refuse *caddyproc.Refuser
+	cert   *caddyproc.Cert // the TLS servers'; their clients trust it
+	nodes  []*node
 	// latency and jitter are every link's one-way latency when no
 	// latency fault is on it (-store-latency, -store-jitter).
 	latency, jitter time.Duration
@@ -85,6 +88,10 @@ func startCluster(bin string, n int, site siteSettings, latency, jitter time.Dur
 		return c, err
 	}
 	site.upstream = c.up.Addr
+	if c.refuse, err = caddyproc.NewRefuser(); err != nil {
+		return c, err
+	}
+	site.refuse = c.refuse.Addr
 	if c.cert, err = caddyproc.NewCert(c.set.Dir); err != nil {
 		return c, err
 	}
@@ -249,6 +256,9 @@ func (c *cluster) close() error {
 	}
 	if c.up != nil {
 		c.up.Close()
+	}
+	if c.refuse != nil {
+		c.refuse.Close()
 	}
 	if c.set != nil {
 		return c.set.Close()

@@ -28,11 +28,22 @@ var variants = []variant{
 	{"1h", 12},
 }
 
+// responseHeaderTimeout is the response_header_timeout of the proxy that
+// attempts asking X-Upstream-Fail timeout take; they make the upstream
+// work timeoutWork, well past it.
+const (
+	responseHeaderTimeout = 500 * time.Millisecond
+	timeoutWork           = 3 * responseHeaderTimeout
+)
+
 // siteSettings are what every instance's config shares.
 type siteSettings struct {
 	lockTimeout  time.Duration
 	storeTimeout time.Duration
 	upstream     string // host:port
+	// refuse is an address that refuses connections: the upstream of the
+	// proxy that attempts asking X-Upstream-Fail refused take.
+	refuse string
 	// memoryMaxKeys is the max_keys of the /memory/ route's store; 0: no
 	// such route.
 	memoryMaxKeys int
@@ -85,6 +96,9 @@ func siteConfig(s siteSettings, e endpoints, v variant) caddyproc.Config {
 		if r.failOpen {
 			onError = "fail_open"
 		}
+		// Attempts that ask (X-Upstream-Fail) take a proxy whose
+		// response_header_timeout is shorter than they make the upstream
+		// work, or one that dials an address refusing connections.
 		fmt.Fprintf(&handles, `	handle %s* {
 		idempotency {
 			%s
@@ -92,15 +106,23 @@ func siteConfig(s siteSettings, e endpoints, v variant) caddyproc.Config {
 			ttl %s
 			on_storage_error %s
 		}
+		reverse_proxy @timeout %s {
+			header_up X-Soak-Instance %s
+			transport http {
+				response_header_timeout %s
+			}
+		}
+		reverse_proxy @refused %s
 		reverse_proxy %s {
 			header_up X-Soak-Instance %s
 		}
 	}
-`, r.path, storage, s.lockTimeout, v.ttl, onError, s.upstream, e.name)
+`, r.path, storage, s.lockTimeout, v.ttl, onError, s.upstream, e.name, responseHeaderTimeout, s.refuse, s.upstream, e.name)
 	}
+	matchers := "\t@timeout header X-Upstream-Fail timeout\n\t@refused header X-Upstream-Fail refused\n"
 	var b strings.Builder
-	fmt.Fprintf(&b, "http://:%d {\n\tbind 127.0.0.1\n%s}\n\n", e.port, handles.String())
-	fmt.Fprintf(&b, "https://:%d {\n\tbind 127.0.0.1\n\ttls %s %s\n%s}\n", e.tlsPort, s.cert.CertFile, s.cert.KeyFile, handles.String())
+	fmt.Fprintf(&b, "http://:%d {\n\tbind 127.0.0.1\n%s%s}\n\n", e.port, matchers, handles.String())
+	fmt.Fprintf(&b, "https://:%d {\n\tbind 127.0.0.1\n\ttls %s %s\n%s%s}\n", e.tlsPort, s.cert.CertFile, s.cert.KeyFile, matchers, handles.String())
 	globals := fmt.Sprintf(`	servers 127.0.0.1:%d {
 		protocols h1 h2c
 	}

@@ -9,7 +9,10 @@ package main
 // new primary (pg_basebackup), and the next promotion goes the other way.
 // Each standby streams through a proxy with latency (-pg-lag), cut when
 // the primary is killed: a primary host that dies takes the WAL still on
-// its way with it.
+// its way with it. With -pg-cut the link is cut that long before the
+// kill (a standby cut off, then the primary lost): the commits of that
+// time wait for the standby until the store's timeout cancels their wait,
+// which PostgreSQL answers with a warning and a local commit.
 // Each mode runs -pg-promotions promotions: async (no synchronous
 // standby), and sync (synchronous_standby_names '*', synchronous_commit
 // on) or remote_apply. Every intent is sent until it gets a final answer
@@ -42,6 +45,7 @@ var pgFailover struct {
 	workers    int
 	load       time.Duration
 	lag        time.Duration
+	cut        time.Duration
 }
 
 // failoverTargets is what -failover runs (postgres).
@@ -54,6 +58,7 @@ func init() {
 	flag.IntVar(&pgFailover.workers, "pg-workers", 24, "client workers of the failover soak, each with one intent at a time")
 	flag.DurationVar(&pgFailover.load, "pg-load", 3*time.Second, "load before each promotion, and after it")
 	flag.DurationVar(&pgFailover.lag, "pg-lag", 10*time.Millisecond, "one-way latency of the replication link (a standby in another zone); the link is cut when its primary is killed, so that WAL on the wire is lost with it")
+	flag.DurationVar(&pgFailover.cut, "pg-cut", 0, "cut the replication link this long before each kill -9 of the primary (0: as it is killed): a synchronous primary's commits wait for the standby meanwhile, and the store's timeout cancels those waits")
 }
 
 // pgMode is a replication setting the promotions run under.
@@ -200,8 +205,8 @@ func pgFailoverMode(bin string, m pgMode, verbose bool) ([]*promotion, error) {
 	if err := protect(primary, m); err != nil {
 		return nil, err
 	}
-	logf("%s: PostgreSQL %s primary %s, standby %s streaming with %v one-way latency (synchronous_standby_names %q, synchronous_commit %s); files in %s",
-		m.name, a.Version, a.Addr, b.Addr, pgFailover.lag, m.names, m.commit, set.Dir)
+	logf("%s: PostgreSQL %s primary %s, standby %s streaming with %v one-way latency, cut %v before each kill (synchronous_standby_names %q, synchronous_commit %s); %d client workers; files in %s",
+		m.name, a.Version, a.Addr, b.Addr, pgFailover.lag, pgFailover.cut, m.names, m.commit, pgFailover.workers, set.Dir)
 
 	execs := &pgExecutions{byKey: map[string][]time.Time{}}
 	up, err := caddyproc.NewUpstreamWith(caddyproc.UpstreamOptions{OnExecution: execs.add})
@@ -239,8 +244,9 @@ func pgFailoverMode(bin string, m pgMode, verbose bool) ([]*promotion, error) {
 	fail := func(err error) ([]*promotion, error) { stop(); wg.Wait(); return nil, err }
 	for n := 1; n <= pgFailover.promotions; n++ {
 		time.Sleep(pgFailover.load)
-		p := &promotion{n: n, from: primary.Addr, to: standby.Addr, killed: time.Now()}
 		link[primary].Cut()
+		time.Sleep(pgFailover.cut)
+		p := &promotion{n: n, from: primary.Addr, to: standby.Addr, killed: time.Now()}
 		primary.Kill()
 		p.down = time.Now()
 		if err := standby.Promote(); err != nil {

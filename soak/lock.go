@@ -17,8 +17,9 @@ import (
 // PostgreSQL row locked for a while, past the store's statement timeout:
 // either an uncommitted INSERT of a key that clients then send, or a
 // lapsed lease's row held FOR UPDATE, which a request must take over.
-// Meanwhile the locked key is sent twice and a burst of unrelated new
-// keys arrives, each sent twice at once (a double submit), half of them
+// Meanwhile the locked key is sent by lockedSenders clients at once
+// (issue 38's storm: each of them, in a batch of its own, once stalled
+// every batch) and a burst of unrelated new keys arrives, each sent twice at once (a double submit), half of them
 // on the fail_open route. Only the locked key may wait or be refused
 // (history.checkLocks); no other key runs twice (a fail_open pass-through
 // that a lock caused is no excuse).
@@ -26,8 +27,12 @@ import (
 // lockScope is the Authorization of the keys the lock fault sends.
 const lockScope = "Bearer soak-lock"
 
-// lockBurstKeys is how many unrelated keys a lock fault sends.
-const lockBurstKeys = 30
+// lockBurstKeys is how many unrelated keys a lock fault sends;
+// lockedSenders how many clients send the locked key at once.
+const (
+	lockBurstKeys = 30
+	lockedSenders = 20
+)
 
 // Lock variants (planned.Variant).
 const (
@@ -120,9 +125,9 @@ VALUES ($1, $2, '\x00', 1, 1, now(), now() + interval '1 hour')`, scope, key)
 	return nil
 }
 
-// lockBurst sends the locked key (twice, from two clients) and
-// lockBurstKeys unrelated new keys, each twice at once, over the first
-// second of a lock.
+// lockBurst sends the locked key (from lockedSenders clients, over the
+// first 200 ms) and lockBurstKeys unrelated new keys, each twice at once,
+// over the first second of a lock.
 func (c *clients) lockBurst(ctx context.Context, key string, n int) {
 	send := func(in *intentSpec, sender int, after time.Duration, parts ...int) {
 		c.extra.Add(1)
@@ -132,13 +137,14 @@ func (c *clients) lockBurst(ctx context.Context, key string, n int) {
 			c.send(ctx, in, sender, rngFor(c.seed, append([]int{13, n}, parts...)...), sendPlan{first: &behaviour{timeout: patience(c.L)}})
 		}()
 	}
-	locked := &intentSpec{Intent: history.Intent{Scope: lockScope, Key: key, Senders: 2, Source: history.SourceLocked}}
+	locked := &intentSpec{Intent: history.Intent{Scope: lockScope, Key: key, Senders: lockedSenders, Source: history.SourceLocked}}
 	locked.on(routeAt("/postgres/"))
 	locked.body = fmt.Appendf(nil, `{"locked":%d}`, n)
 	locked.BodyDigest = digest(locked.body)
 	c.register(locked)
-	send(locked, 1, 0, -1, 1)
-	send(locked, 2, 200*time.Millisecond, -1, 2)
+	for s := 1; s <= lockedSenders; s++ {
+		send(locked, s, time.Duration(s-1)*200*time.Millisecond/lockedSenders, -1, s)
+	}
 	rng := rngFor(c.seed, 14, n)
 	for j := range lockBurstKeys {
 		in := &intentSpec{Intent: history.Intent{Scope: lockScope, Key: fmt.Sprintf("%s-other-%d", key, j), Senders: 2, Source: history.SourceBurst}}

@@ -15,14 +15,18 @@
 // lock_timeout), stores tens of milliseconds away (-store-latency, and
 // the latency fault), a PostgreSQL row locked by an outside transaction
 // while other keys arrive (the lock fault), clients over HTTP/2, h2c and
-// HTTP/3 that read slowly, stop reading and resume, or hang up
-// (-slow-clients), and made-up credentials whose refusals fill a small
-// memory store before real clients' new keys arrive (-fill).
+// HTTP/3 that read slowly, stop reading and resume, hang up, or read
+// from an upstream that falls silent past the stall timeout
+// (-slow-clients), waiter storms (-storms: a thousand retries of one key
+// with 1 MiB bodies at once on its instance, while another client's retry
+// there must still wait), and made-up credentials whose refusals fill a
+// small memory store before real clients' new keys arrive (-fill).
 //
 //	go run ./soak [-seed N] [-duration 3m] [-instances 3] [-lock-timeout 3s]
 //	              [-tolerance 0.75] [-clients 16] [-faults stall,cut,...] [-out dir] [-v]
 //	              [-scale 300] [-scale-waves 1] [-scale-on postgres,redis]
 //	              [-store-latency 30ms] [-store-jitter 10ms] [-slow-clients 4] [-fill 100]
+//	              [-storms 1] [-storm-size 1000] [-storm-body 1048576]
 //	go run ./soak -check dir/history.json
 //
 // The same seed draws the same fault schedule and the same workload
@@ -70,6 +74,9 @@ type options struct {
 	jitter       time.Duration
 	slowClients  int
 	fill         int
+	storms       int
+	stormSize    int
+	stormBody    int
 }
 
 func main() {
@@ -89,7 +96,10 @@ func main() {
 	flag.StringVar(&o.scaleOn, "scale-on", "postgres,redis", "the stores of the scale waves' routes, taken in turn")
 	flag.DurationVar(&o.latency, "store-latency", 0, "one-way latency of every link to a store, all run long (a store a network hop away)")
 	flag.DurationVar(&o.jitter, "store-jitter", 0, "random extra one-way latency of every link to a store, up to this")
-	flag.IntVar(&o.slowClients, "slow-clients", 4, "workers of clients over HTTP/1.1, HTTP/2, h2c and HTTP/3 that read at 1-3 KB/s, stop reading for 12-25 s, or hang up")
+	flag.IntVar(&o.slowClients, "slow-clients", 4, "workers of clients over HTTP/1.1, HTTP/2, h2c and HTTP/3 that read at 1-3 KB/s, stop reading for 12-25 s, hang up, or read from an upstream silent for 12-25 s")
+	flag.IntVar(&o.storms, "storms", 1, "waiter storms, spread over -duration: one key's retries, all at once on its instance, while another client's retry there must still wait (0: none)")
+	flag.IntVar(&o.stormSize, "storm-size", 1000, "retries of a waiter storm, sent within two lock_timeouts")
+	flag.IntVar(&o.stormBody, "storm-body", 1<<20, "the request body of a waiter storm's key, in bytes")
 	flag.IntVar(&o.fill, "fill", 100, "max_keys of each instance's memory store, which as many made-up credentials' refusals fill before real clients' new keys (0: no memory route)")
 	flag.StringVar(&o.out, "out", "", "keep the history (history.json), the report and Caddy's logs in this directory")
 	flag.StringVar(&o.check, "check", "", "only check a saved history.json and print its report")
@@ -197,12 +207,17 @@ func run(o options) int {
 			quiet = append(quiet, waveQuiet(o.duration, w, o.scaleWaves, o.lockTimeout))
 		}
 	}
+	if o.stormSize > 0 {
+		for s := range o.storms {
+			quiet = append(quiet, stormQuiet(o.duration, s, o.storms, o.lockTimeout))
+		}
+	}
 	schedule := plan(scheduleOptions{seed: o.seed, length: o.duration, every: o.every, instances: names,
 		lockTimeout: o.lockTimeout, storeTimeout: o.storeTimeout, kinds: kinds, quiet: quiet})
 	logf("%d instances, lock_timeout %s, tolerance %.2f, %d client workers, %d faults over %s",
 		len(c.nodes), o.lockTimeout, o.tolerance, o.clients, len(schedule), o.duration)
-	logf("%d slow clients, %d scale wave(s) of %d requests per instance, memory stores of %d filled by made-up credentials, store links %s + %s away",
-		o.slowClients, o.scaleWaves*min(o.scale, 1), o.scale, o.fill, o.latency, o.jitter)
+	logf("%d slow clients, %d scale wave(s) of %d requests per instance, %d waiter storm(s) of %d retries with %d-byte bodies, memory stores of %d filled by made-up credentials, store links %s + %s away",
+		o.slowClients, o.scaleWaves*min(o.scale, 1), o.scale, o.storms*min(o.stormSize, 1), o.stormSize, o.stormBody, o.fill, o.latency, o.jitter)
 	if o.verbose {
 		for _, p := range schedule {
 			logf("planned %s", p)
@@ -234,6 +249,11 @@ func run(o options) int {
 	}
 	if o.fill > 0 {
 		spawn(func() { cl.fillAt(issuing, interrupted, rec.start, o.duration, o.fill) })
+	}
+	if o.storms > 0 && o.stormSize > 0 {
+		spawn(func() {
+			cl.storms(issuing, interrupted, rec.start, o.duration, o.storms, o.stormSize, o.stormBody, []route{routeAt("/postgres/"), routeAt("/redis/")})
+		})
 	}
 	nm.run(issuing, interrupted, schedule)
 	rec.mark(func(h *history.History) { h.NemesisEnd = rec.now() })
@@ -317,7 +337,7 @@ func replayFlags(o options) string {
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for _, name := range []string{"duration", "instances", "lock-timeout", "tolerance", "store-timeout", "clients", "fault-every", "quiet", "faults",
-		"scale", "scale-waves", "scale-on", "store-latency", "store-jitter", "slow-clients", "fill"} {
+		"scale", "scale-waves", "scale-on", "store-latency", "store-jitter", "slow-clients", "fill", "storms", "storm-size", "storm-body"} {
 		if set[name] {
 			s += fmt.Sprintf(" -%s %s", name, flag.Lookup(name).Value)
 		}

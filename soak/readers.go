@@ -17,10 +17,12 @@ import (
 // Clients of every protocol Caddy serves that read as phones on a bad
 // network do: slowly (1-3 KB/s, with small flow-control windows and TCP
 // buffers, so that Caddy's writes wait for them), stopping for 12-25 s
-// and then resuming, or hanging up half-way. Each asks for a streamed
-// answer several times what the connection buffers, and records what it
-// received; the checker (history.checkBodies) judges it against what the
-// upstream sent.
+// and then resuming, or hanging up half-way; and clients that read as
+// the answer comes from an upstream that falls silent for 12-25 s once
+// its headers or its first bytes are out (an SSE stream, an LLM). Each
+// asks for a streamed answer several times what the connection buffers,
+// and records what it received; the checker (history.checkBodies) judges
+// it against what the upstream sent.
 
 // reader is how one attempt's client speaks and reads.
 type reader struct {
@@ -76,6 +78,7 @@ const (
 	slowRead   = "slow"
 	slowStall  = "stall"
 	slowHangUp = "hang-up"
+	slowSilent = "silent" // reads at once; the upstream falls silent
 )
 
 // slowCombos are the protocol and reading mode of each slow client in
@@ -89,7 +92,7 @@ var slowCombos = func() []struct {
 		proto caddyproc.Proto
 		mode  string
 	}
-	for _, m := range []string{slowRead, slowStall, slowHangUp} {
+	for _, m := range []string{slowRead, slowStall, slowHangUp, slowSilent} {
 		for _, p := range []caddyproc.Proto{caddyproc.H2, caddyproc.H3, caddyproc.H1, caddyproc.H2C} {
 			out = append(out, struct {
 				proto caddyproc.Proto
@@ -138,6 +141,14 @@ func slowIntent(seed int64, worker, workers, n int, L time.Duration) (intentSpec
 		in.size = 96<<10 + rng.IntN(96<<10)
 		b.hangUp = b.delay + secs(2, 8)
 		takes = b.hangUp
+	case slowSilent:
+		// The upstream sends nothing for longer than the stall timeout
+		// once its headers (unsized) or its first 8 KiB are out; the
+		// client reads all that comes, and must get all of it.
+		in.size = 64<<10 + rng.IntN(64<<10)
+		b.silence, b.silentAt = secs(12, 25), []int{0, 8 << 10}[rng.IntN(2)]
+		in.silence, in.silentAt = b.silence, b.silentAt
+		takes = b.delay + b.silence + 10*time.Second
 	}
 	b.timeout = takes + L
 	return in, sendPlan{first: &b, reader: rd, budget: takes + senderBudget}, takes

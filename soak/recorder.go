@@ -67,6 +67,11 @@ func (r *recorder) execution(x caddyproc.Execution) {
 		AnswerDigest: digest(x.Answer),
 		AnswerBytes:  len(x.Answer),
 		BrokeOff:     x.BrokeOff,
+		Failed:       x.Failed,
+	}
+	if x.Header.Get("X-Upstream-Fail") == history.FailTimeout {
+		// Its proxy gave up on its headers before it answered.
+		e.Failed = history.FailTimeout
 	}
 	r.mu.Lock()
 	r.h.Executions = append(r.h.Executions, e)

@@ -106,8 +106,10 @@ func TestTheWorkloadHasEveryBehaviour(t *testing.T) {
 	L := 3 * time.Second
 	rng := rngFor(1, 2)
 	var slow, lease, fives, breaks, hangs, impatient int
+	fails := map[string]int{}
 	for range 2000 {
 		b := drawBehaviour(rng, L)
+		fails[b.fail]++
 		switch {
 		case b.delay > L:
 			lease++
@@ -131,6 +133,11 @@ func TestTheWorkloadHasEveryBehaviour(t *testing.T) {
 		"5xx": fives, "broken off": breaks, "hung up": hangs, "impatient": impatient} {
 		if n < 40 {
 			t.Errorf("%d attempts %s in 2000", n, name)
+		}
+	}
+	for _, f := range []string{history.FailTimeout, history.FailReset, history.FailEOF, history.FailRefused, history.FailResetBody} {
+		if fails[f] < 10 {
+			t.Errorf("%d attempts whose upstream fails by %s in 2000", fails[f], f)
 		}
 	}
 	shared, multi, open := 0, 0, 0
@@ -208,12 +215,18 @@ func TestSlowClientsCoverEveryProtocolAndWayOfReading(t *testing.T) {
 	const workers = 4
 	seen := map[string]bool{}
 	for w := range workers {
-		for n := range 3 {
+		for n := range 4 {
 			in, sp, takes := slowIntent(1, w, workers, n, L)
 			rd := sp.reader
 			mode := rd.mode
 			if sp.first.hangUp > 0 {
 				mode = "hang-up"
+			}
+			if sp.first.silence > 0 {
+				mode = "silent"
+				if sp.first.silence < 12*time.Second || sp.first.silence > 25*time.Second || in.silence != sp.first.silence {
+					t.Errorf("%s: an upstream silent for %s", in.Key, sp.first.silence)
+				}
 			}
 			seen[rd.proto.String()+" "+mode] = true
 			if in.size < 48<<10 || in.size > 1_000_000 {
@@ -235,6 +248,6 @@ func TestSlowClientsCoverEveryProtocolAndWayOfReading(t *testing.T) {
 		}
 	}
 	if len(seen) != len(slowCombos) {
-		t.Errorf("3 slow clients of each of %d workers cover %d of the %d protocols and ways of reading: %v", workers, len(seen), len(slowCombos), seen)
+		t.Errorf("4 slow clients of each of %d workers cover %d of the %d protocols and ways of reading: %v", workers, len(seen), len(slowCombos), seen)
 	}
 }

@@ -55,16 +55,21 @@ type intentSpec struct {
 	// status, when > 0, the status every attempt asks for (a made-up
 	// credential's 404).
 	size, status int
+	// silence and silentAt, with size, are the silence every attempt
+	// asks of the upstream (see behaviour).
+	silence  time.Duration
+	silentAt int
 }
 
-// shape makes b ask what every attempt of in asks: its answer's size or
-// status, never a break-off then.
+// shape makes b ask what every attempt of in asks: its answer's size and
+// silence or status, never a break-off or a failure then.
 func (in *intentSpec) shape(b *behaviour) {
 	if in.size > 0 {
-		b.size, b.breakOff = in.size, false
+		b.size, b.breakOff, b.fail = in.size, false, ""
+		b.silence, b.silentAt = in.silence, in.silentAt
 	}
 	if in.status > 0 {
-		b.status, b.breakOff = in.status, false
+		b.status, b.breakOff, b.fail = in.status, false, ""
 	}
 }
 
@@ -127,6 +132,14 @@ type behaviour struct {
 	hangUp   time.Duration // > 0: the client hangs up after this long
 	timeout  time.Duration // the client gives up after this long
 	size     int           // > 0: a body of this many bytes, streamed
+	// fail is how the upstream, or the proxy in front of it, fails
+	// (history.Fail*): "" for not at all.
+	fail string
+	// silence, with size, is how long the upstream sends nothing once
+	// silentAt bytes of the answer are out (0: its headers, the answer
+	// then unsized, so that Caddy hands the headers on at once).
+	silence  time.Duration
+	silentAt int
 }
 
 // drawBehaviour draws an attempt's behaviour. Slow executions outlast a
@@ -154,6 +167,21 @@ func drawBehaviour(rng *rand.Rand, L time.Duration) behaviour {
 		b.status = 404 // recorded like a success
 	case p < 15:
 		b.breakOff = true
+	}
+	// The ways an upstream fails: before its status once it read the
+	// request (the key is kept, its outcome unknown), a refused dial (the
+	// key is freed), a reset mid-body (recorded without the body).
+	switch p := rng.IntN(200); {
+	case p < 3:
+		b.fail, b.delay, b.status, b.breakOff = history.FailTimeout, timeoutWork, 0, false
+	case p < 6:
+		b.fail, b.status, b.breakOff = history.FailReset, 0, false
+	case p < 8:
+		b.fail, b.status, b.breakOff = history.FailEOF, 0, false
+	case p < 10:
+		b.fail = history.FailRefused
+	case p < 12:
+		b.fail, b.breakOff = history.FailResetBody, false
 	}
 	if rng.IntN(100) < 4 {
 		b.hangUp = time.Duration(rng.Int64N(int64(b.delay + 100*time.Millisecond)))

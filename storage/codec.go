@@ -15,9 +15,23 @@ import (
 //
 //	version(1) flags(1) uvarint(status) header body...
 //	header = uvarint(names) { uvarint(len) name uvarint(values) { uvarint(len) value } }
-const codecVersion = 1
+//
+// Version 1 knows one flag, flagBodyOmitted, and ignores the others.
+// Version 2 is version 1 with flags that a version 1 decoder must not
+// ignore (flagOutcomeUnknown): a response is encoded as version 2 only
+// when it carries one, so that a decoder of version 1 only (an instance
+// not yet upgraded, in a rolling upgrade) refuses it (ErrCorrupt: its
+// caller answers 503) instead of replaying it as a recorded response.
+// Every other response is encoded as version 1, byte for byte as before.
+const (
+	codecVersion       = 1
+	codecVersionMarked = 2
+)
 
-const flagBodyOmitted = 1 << 0
+const (
+	flagBodyOmitted    = 1 << 0
+	flagOutcomeUnknown = 1 << 1 // version 2 only
+)
 
 // ErrCorrupt is wrapped by decoding errors.
 var ErrCorrupt = errors.New("corrupt idempotency record")
@@ -25,13 +39,25 @@ var ErrCorrupt = errors.New("corrupt idempotency record")
 // AppendResponse appends the encoding of r to dst.
 func AppendResponse(dst []byte, r *Response) []byte {
 	var flags byte
+	version := byte(codecVersion)
 	if r.BodyOmitted {
 		flags |= flagBodyOmitted
 	}
-	dst = append(dst, codecVersion, flags)
+	if r.OutcomeUnknown {
+		flags |= flagOutcomeUnknown
+		version = codecVersionMarked
+	}
+	dst = append(dst, version, flags)
 	dst = binary.AppendUvarint(dst, uint64(r.Status))
 	dst = AppendHeader(dst, r.Header)
 	return append(dst, r.Body...)
+}
+
+// EncodedOutcomeUnknown reports whether enc, an encoding AppendResponse
+// made, is of a response marked OutcomeUnknown, from its first two bytes
+// (the store's scans need no decoding).
+func EncodedOutcomeUnknown(enc []byte) bool {
+	return len(enc) >= 2 && enc[0] == codecVersionMarked && enc[1]&flagOutcomeUnknown != 0
 }
 
 // ResponseLen returns the length of the encoding of r, so that callers
@@ -72,14 +98,22 @@ func DecodeResponse(b []byte) (*Response, error) {
 // DecodeResponseTo is DecodeResponse into r, for a store that allocates r
 // with the record that holds it.
 func DecodeResponseTo(r *Response, b []byte) error {
+	return DecodeResponseInto(r, b, nil)
+}
+
+// DecodeResponseInto is DecodeResponseTo with the header values carved
+// from values (its length is ignored) when they fit in its capacity, for
+// a store that allocates that array with the record too. The header's
+// slices are capped as ever: appending to one never writes past it.
+func DecodeResponseInto(r *Response, b []byte, values []string) error {
 	if len(b) < 2 {
 		return fmt.Errorf("%w: %d bytes", ErrCorrupt, len(b))
 	}
-	if b[0] != codecVersion {
+	if b[0] != codecVersion && b[0] != codecVersionMarked {
 		return fmt.Errorf("%w: unknown version %d", ErrCorrupt, b[0])
 	}
-	*r = Response{BodyOmitted: b[1]&flagBodyOmitted != 0}
-	d := decoder{b: b[2:]}
+	*r = Response{BodyOmitted: b[1]&flagBodyOmitted != 0, OutcomeUnknown: b[0] == codecVersionMarked && b[1]&flagOutcomeUnknown != 0}
+	d := decoder{b: b[2:], values: values[:0]}
 	status := d.uvarint()
 	if d.err == nil && !ValidStatus(int(min(status, 1000))) {
 		d.fail("status %d", status)
@@ -137,8 +171,9 @@ func appendString(dst []byte, s string) []byte {
 // decoder reads the encoding, remembering the first error so that callers
 // check once at the end.
 type decoder struct {
-	b   []byte
-	err error
+	b      []byte
+	err    error
+	values []string // where header values go first (DecodeResponseInto)
 }
 
 func (d *decoder) fail(format string, args ...any) {
@@ -195,7 +230,7 @@ func (d *decoder) header() http.Header {
 	// The values of every name are carved from one array (most names
 	// have one value); each slice is capped, so that appending to one
 	// never writes into the next.
-	var all []string
+	all := d.values
 	for range names {
 		name := d.string()
 		n := d.count()

@@ -63,6 +63,13 @@ var (
 	// and other keys are not affected.
 	ErrBusy = errors.New("idempotency record is locked by another transaction")
 
+	// ErrReadOnly is wrapped, with ErrUnavailable, by the errors of a
+	// store connected to a server that refuses writes (a standby, a
+	// replica, a primary demoted by a failover): one may be under way, so
+	// a caller may go on without the store, but a configuration checked
+	// against such a server (caddy validate) points at the wrong one.
+	ErrReadOnly = errors.New("the store's server refuses writes")
+
 	// ErrNotReplicated is wrapped, with ErrUnavailable, by the error of a
 	// Reserve whose reservation was written on the primary but fewer of
 	// its replicas than the store was told to wait for acknowledged it in
@@ -184,6 +191,18 @@ type Response struct {
 	// and was not kept. The request ran once; only its status and headers
 	// can be replayed.
 	BodyOmitted bool
+	// OutcomeUnknown marks the record of a request whose outcome is
+	// unknown: it reached the upstream, or may have, and no final status
+	// came back (a response-header timeout, a reset or an EOF after the
+	// request was sent). It holds no response to replay: Status is the
+	// status its client was answered with (a proxy's 502 or 504), and
+	// Header and Body are empty. It keeps its key, as any completed
+	// record, until it expires or is deleted, so that the request never
+	// runs again under that key (a caller answers every retry that the
+	// outcome is unknown). Stores keep it as they keep BodyOmitted, and
+	// so that a store of an earlier version refuses to read it (an error
+	// wrapping ErrCorrupt) rather than replay it as a response.
+	OutcomeUnknown bool
 	// Detail is opaque data about the request that produced the response,
 	// kept with the record (the Caddy module keeps salted digests of the
 	// request's parts, so that a later request reusing the key can be told
@@ -346,6 +365,16 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// Checker is implemented by stores whose Ping may write (a PostgreSQL
+// store creates its table on first use): Check finds what Ping would,
+// without writing anything, for a configuration that is checked and never
+// run (caddy validate). A missing table or column that the store would
+// create on first use is fine. A Pinger that is no Checker writes nothing
+// when it pings.
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
 // DurabilityReporter is implemented by stores that can say what protects
 // their records across a failover of their server (the server's role, its
 // replicas, how writes wait for them), for the start-up log and the admin
@@ -379,6 +408,25 @@ type InFlightLister interface {
 	// Hash sorts after after ("" from the first), in the order of their
 	// Hash: the pages of a listing, each record with its key's Hash.
 	ListInFlight(ctx context.Context, after string, limit int) ([]HashedRecord, error)
+}
+
+// OutcomeUnknownKeeper is implemented by stores that can list the
+// records whose outcome is unknown (Response.OutcomeUnknown) and delete
+// one, for the admin API: how an operator finds the keys that a failed
+// upstream left and frees a key once the operation is reconciled.
+type OutcomeUnknownKeeper interface {
+	// ListOutcomeUnknown returns up to limit live outcome-unknown records
+	// whose key's Hash sorts after after ("" from the first), in the order
+	// of their Hash, each with its key's Hash. Their responses carry no
+	// body.
+	ListOutcomeUnknown(ctx context.Context, after string, limit int) ([]HashedRecord, error)
+
+	// ReleaseOutcomeUnknown deletes the live outcome-unknown records whose
+	// key's Hash is hash, and no other record (never one in flight or one
+	// that holds a response): each check and delete is one atomic
+	// operation. It returns how many it deleted; the next request with
+	// such a key runs.
+	ReleaseOutcomeUnknown(ctx context.Context, hash string) (int, error)
 }
 
 // HashedRecord is a record and its key's Hash.

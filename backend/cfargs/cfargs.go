@@ -10,7 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/dustin/go-humanize"
 
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
 )
 
 // The Caddyfile parsers keep to syntax: each reads its block with

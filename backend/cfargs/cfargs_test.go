@@ -10,7 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
 )
 
 // readBlock parses input, a directive and its block, with EachOption:

@@ -65,9 +65,9 @@ func (m *Storage) Provision(ctx caddy.Context) error {
 	where := fmt.Sprintf("this process (max_keys %d, max_bytes %s, max_keys_per_scope %d)",
 		opts.MaxKeys, humanize.IBytes(uint64(opts.MaxBytes)), opts.MaxKeysPerScope)
 	// Both series exist, at zero, once a store is configured.
-	backend.CountRemoved(string(name), backend.RemovedExpired, 0)
-	backend.CountRemoved(string(name), backend.RemovedEvicted, 0)
-	return m.Acquire(ctx.Logger(), string(name), opts, where, func() (storage.Store, error) {
+	backend.CountRemoved(name, backend.RemovedExpired, 0)
+	backend.CountRemoved(name, backend.RemovedEvicted, 0)
+	return m.Acquire(ctx.Logger(), name, opts, where, func() (storage.Store, error) {
 		opts.OnRemove = countRemoved
 		return memstore.New(opts), nil
 	})
@@ -81,7 +81,7 @@ func countRemoved(expired bool, n int64) {
 	if expired {
 		reason = backend.RemovedExpired
 	}
-	backend.CountRemoved(string(name), reason, n)
+	backend.CountRemoved(name, reason, n)
 }
 
 // Validate reports configuration errors: none once provisioned (Provision
@@ -93,11 +93,11 @@ func (m *Storage) Validate() error { return backend.Validate(m, m.compile) }
 func (m *Storage) compile() (memstore.Options, error) {
 	switch {
 	case m.MaxKeys < 0:
-		return memstore.Options{}, name.Errorf("max_keys", "max_keys must be positive, got %d", m.MaxKeys)
+		return memstore.Options{}, name.OptionErrorf("max_keys", "max_keys must be positive, got %d", m.MaxKeys)
 	case m.MaxKeysPerScope < 0:
-		return memstore.Options{}, name.Errorf("max_keys_per_scope", "max_keys_per_scope must be positive, got %d", m.MaxKeysPerScope)
+		return memstore.Options{}, name.OptionErrorf("max_keys_per_scope", "max_keys_per_scope must be positive, got %d", m.MaxKeysPerScope)
 	case m.MaxBytes != 0 && m.MaxBytes < minMemoryBytes:
-		return memstore.Options{}, name.Errorf("max_bytes", "max_bytes must be at least %s, got %d", humanize.IBytes(minMemoryBytes), m.MaxBytes)
+		return memstore.Options{}, name.OptionErrorf("max_bytes", "max_bytes must be at least %s, got %d", humanize.IBytes(minMemoryBytes), m.MaxBytes)
 	}
 	return memstore.Options{MaxKeys: m.MaxKeys, MaxBytes: m.MaxBytes, MaxKeysPerScope: m.MaxKeysPerScope}.WithDefaults(), nil
 }

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
 )
 
 // TestMemoryDefaultsServeOneHeavyClient provisions the memory store with

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -18,11 +17,11 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/backend/cfargs"
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/redact"
 )
 
 // name is the backend's name: storage postgres.
@@ -66,6 +65,8 @@ type Storage struct {
 	// {env.PG_DSN} or {env.PG_PASSWORD} are resolved at provision time and
 	// never written back, so secrets stay out of the config Caddy serves.
 	// When it sets no connect_timeout, connecting gives up after 5s.
+	// Its pool, size and timeout parameters are checked against what pgx
+	// and the module accept (docs/storage-postgres.md).
 	// Pool connections use TCP keepalive, so that a peer that vanished
 	// is noticed within about 30s.
 	// Required.
@@ -88,7 +89,7 @@ type Storage struct {
 	CleanupInterval caddy.Duration `json:"cleanup_interval,omitempty"`
 
 	// The most connections this configuration opens to the database, on
-	// every instance, for reserves, completions and releases; lease
+	// every instance, for reserves, completions and releases (1 to 10000); lease
 	// renewals have two more of their own, so that a burst of requests
 	// never delays them. A request holds one only while a statement runs.
 	// Default: the DSN's pool_max_conns, else the greater of 16 and twice
@@ -144,22 +145,29 @@ func (p *Storage) Provision(ctx caddy.Context) error {
 	// are not a placeholder.
 	cfg.DSN = caddy.NewReplacer().ReplaceKnown(cfg.DSN, "")
 	if strings.TrimSpace(cfg.DSN) == "" {
-		return errors.New("postgres storage: dsn is empty once placeholders are resolved")
+		return name.Errorf("dsn is empty once placeholders are resolved")
 	}
 	poolCfg, err := pgstore.NewPoolConfig(cfg.DSN, cfg.MaxConns)
 	if err != nil {
-		return fmt.Errorf("postgres storage: %w", err)
+		return name.Errorf("%w", err)
 	}
 	cc := poolCfg.ConnConfig
 	where := fmt.Sprintf("postgres://%s@%s/%s table %s (max_conns %d)", cc.User, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), cc.Database, cfg.Table, poolCfg.MaxConns)
 	// A DSN pgx misread may put a password anywhere.
 	where = redact.Scrub(where, append(redact.Secrets(cfg.DSN), cc.Password))
-	backend.CountRemoved(string(name), backend.RemovedExpired, 0) // the series exists, at zero, once a store is configured
-	return p.Acquire(ctx.Logger(), string(name), cfg, where, func() (storage.Store, error) {
+	backend.CountRemoved(name, backend.RemovedExpired, 0) // the series exists, at zero, once a store is configured
+	id, err := backend.StoreID(name, cfg)
+	if err != nil {
+		return err
+	}
+	notReplicated := &backend.DurabilityLog{Logger: ctx.Logger(), Backend: name, Store: id,
+		Message: "PostgreSQL cancelled idempotency commits' waits for a synchronous standby (the storage's timeout): committed on the primary alone; " +
+			"reservations fail as store errors (on_storage_error), completions are sent again until the standby has them"}
+	return p.Acquire(ctx.Logger(), name, cfg, where, func() (storage.Store, error) {
 		// No connection is made here: pgxpool connects on first use.
 		pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 		if err != nil {
-			return nil, fmt.Errorf("postgres storage: %w", err)
+			return nil, name.Errorf("%w", err)
 		}
 		s, err := pgstore.New(pool, pgstore.Options{
 			Table:           cfg.Table,
@@ -167,6 +175,7 @@ func (p *Storage) Provision(ctx caddy.Context) error {
 			CleanupInterval: cfg.CleanupInterval,
 			Timeout:         cfg.Timeout,
 			OnCleanup:       logCleanup(cfg.Table),
+			OnNotReplicated: func(op string) { notReplicated.Add(op, 0) },
 		})
 		if err != nil {
 			pool.Close()
@@ -183,30 +192,41 @@ func (p *Storage) Validate() error {
 }
 
 // compile checks the configuration and returns it with defaults filled
-// in and the DSN as written (Provision resolves its placeholders). It is
-// pure; an error names its option (opterr). The required dsn is checked
+// in and the DSN as written (Provision resolves its placeholders). It
+// touches no network; a DSN without placeholders is parsed and its
+// parameters checked here (pgx reads the PG* environment and the passfile
+// as it parses), so that a Caddyfile error points at the dsn's line. An
+// error names its option (opterr). The required dsn is checked
 // last, so that a Caddyfile block without one still has its values
 // checked.
 func (p *Storage) compile() (postgresConfig, error) {
-	if p.MaxConns < 0 || p.MaxConns > math.MaxInt32 {
-		return postgresConfig{}, opterr.Errorf("max_conns", "postgres storage: max_conns must be a positive number, got %d", p.MaxConns)
+	if p.MaxConns < 0 || p.MaxConns > pgstore.MaxConns {
+		return postgresConfig{}, name.OptionErrorf("max_conns", "max_conns must be from 1 to %d, got %d", pgstore.MaxConns, p.MaxConns)
 	}
 	if err := backend.CheckDuration("cleanup_interval", p.CleanupInterval, caddy.Duration(minCleanupInterval), caddy.Duration(maxCleanupInterval)); err != nil {
-		return postgresConfig{}, opterr.Errorf("cleanup_interval", "postgres storage: %w", err)
+		return postgresConfig{}, name.OptionErrorf("cleanup_interval", "%w", err)
 	}
 	if err := backend.CheckDuration("timeout", p.Timeout, caddy.Duration(minPostgresTimeout), caddy.Duration(maxPostgresTimeout)); err != nil {
-		return postgresConfig{}, opterr.Errorf("timeout", "postgres storage: %w", err)
+		return postgresConfig{}, name.OptionErrorf("timeout", "%w", err)
 	}
 	if p.Table != "" {
 		if _, err := pgstore.Schema(p.Table); err != nil {
-			return postgresConfig{}, opterr.Errorf("table", "postgres storage: %w", err)
+			return postgresConfig{}, name.OptionErrorf("table", "%w", err)
 		}
 	}
-	if err := p.ReplayCache.Check("postgres storage"); err != nil {
-		return postgresConfig{}, opterr.New(err, "replay_cache")
+	if err := p.ReplayCache.Check(name); err != nil {
+		return postgresConfig{}, err
 	}
 	if p.DSN == "" {
-		return postgresConfig{}, opterr.Missing("dsn", errors.New("postgres storage: dsn is required"))
+		return postgresConfig{}, opterr.Missing("dsn", name.Errorf("dsn is required"))
+	}
+	if !strings.Contains(p.DSN, "{") {
+		// Its parameters are checked here, where a Caddyfile error can
+		// point at the dsn's line; one with placeholders is checked
+		// once they are resolved, by Provision.
+		if _, err := pgstore.NewPoolConfig(p.DSN, p.MaxConns); err != nil {
+			return postgresConfig{}, name.Errorf("%w", err)
+		}
 	}
 	return postgresConfig{
 		DSN:             p.DSN,
@@ -226,7 +246,7 @@ func (p *Storage) compile() (postgresConfig, error) {
 func logCleanup(table string) func(int64, error) {
 	return func(deleted int64, err error) {
 		// A run that failed half-way deleted its first batches all the same.
-		backend.CountRemoved(string(name), backend.RemovedExpired, deleted)
+		backend.CountRemoved(name, backend.RemovedExpired, deleted)
 		log := caddy.Log().Named("http.idempotency.storage.postgres")
 		switch {
 		case errors.Is(err, pgstore.ErrCleanupLocked):
@@ -288,3 +308,11 @@ var (
 	_ caddyfile.Unmarshaler = (*Storage)(nil)
 	_ backend.Backend       = (*Storage)(nil)
 )
+
+// UnmarshalJSON decodes the storage's JSON config as Caddy would, but
+// that an error names the option whose value does not decode
+// (backend.DecodeJSON).
+func (s *Storage) UnmarshalJSON(b []byte) error {
+	type fields Storage
+	return backend.DecodeJSON(b, (*fields)(s))
+}

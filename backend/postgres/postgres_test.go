@@ -9,7 +9,7 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
 	pgstore "github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
 
@@ -42,8 +42,15 @@ func TestPostgresProvisionErrors(t *testing.T) {
 	}{
 		{"no dsn", `{}`, "dsn is required"},
 		{"dsn resolving to nothing", `{"dsn":"{env.IDEM_TEST_EMPTY}"}`, "dsn is empty"},
-		{"invalid dsn", `{"dsn":"postgres://app:s3cret-pw@db:notaport/app"}`, "not a valid connection string"},
-		{"invalid keyword dsn", `{"dsn":"host=db password=s3cret-pw sslmode=sometimes"}`, "not a valid connection string"},
+		{"invalid dsn", `{"dsn":"postgres://app:s3cret-pw@db:notaport/app"}`, "dsn parameter port is not valid"},
+		{"invalid keyword dsn", `{"dsn":"host=db password=s3cret-pw sslmode=sometimes"}`, "dsn parameter sslmode is not valid"},
+		{"unparsable dsn", `{"dsn":"postgres://app:s3cret-pw@db/app?%zz"}`, "not a valid connection string"},
+		{"pool_health_check_period of zero (pgxpool's ticker panics)", `{"dsn":"postgres://db/app?pool_health_check_period=0s"}`, "dsn parameter pool_health_check_period must be at least 100ms"},
+		{"pool_min_conns above the pool", `{"dsn":"postgres://db/app?pool_max_conns=2&pool_min_conns=5"}`, "dsn parameter pool_min_conns must be from 0 to the pool's size (2)"},
+		{"connect_timeout overflowing a duration into 10s", `{"dsn":"postgres://db/app?connect_timeout=36028797018963978"}`, "dsn parameter connect_timeout"},
+		{"negative statement_cache_capacity", `{"dsn":"host=db statement_cache_capacity=-1"}`, "dsn parameter statement_cache_capacity"},
+		{"pool parameter misspelt", `{"dsn":"postgres://db/app?pool_max_conn=4"}`, "dsn parameter pool_max_conn is not a parameter pgxpool knows"},
+		{"max_conns above the module's bound", `{"dsn":"postgres://db/app","max_conns":10001}`, "max_conns must be from 1 to 10000"},
 		{"invalid table", `{"dsn":"postgres://db/app","table":"Idempotency"}`, "lower-case"},
 		{"negative cleanup_interval", `{"dsn":"postgres://db/app","cleanup_interval":-1}`, "postgres storage: cleanup_interval must be at least 1s, got -1ns"},
 		{"cleanup_interval in nanoseconds", `{"dsn":"postgres://db/app","cleanup_interval":300}`, "postgres storage: cleanup_interval must be at least 1s, got 300ns"},

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -39,8 +38,12 @@ type Durability struct {
 	// on_storage_error decides on (fail_closed answers 503 and releases
 	// the reservation; fail_open passes the request on without
 	// idempotency); "proceed" runs the request on it, as without this
-	// option. A completion is never failed for it (the record is written
-	// and the answer given). Either way it is counted in
+	// option. A completion that falls short, either way, is recorded on
+	// the primary and its answer given, and is sent again in the
+	// background, its lease kept alive, until a replica acknowledges it
+	// (or a new primary has it): a failover meanwhile would otherwise
+	// bring the record back in flight, and the retry would run again once
+	// its lease lapsed. Each is counted in
 	// caddy_http_idempotency_store_durability_timeouts_total and logged,
 	// at most once a second per store.
 	OnTimeout string `json:"on_timeout,omitempty"`
@@ -59,10 +62,21 @@ type durabilityConfig struct {
 func (c durabilityConfig) store(logger *zap.Logger, id string) redisstore.Durability {
 	d := redisstore.Durability{Replicas: c.Replicas, Timeout: c.Timeout, Proceed: c.Proceed}
 	if d.Replicas > 0 {
-		l := &shortfallLog{logger: logger, store: id, replicas: d.Replicas, proceed: d.Proceed, after: afterFunc}
-		d.OnShortfall = l.add
+		d.OnShortfall = shortfallLog(logger, id, d.Replicas, d.Proceed).Add
 	}
 	return d
+}
+
+// shortfallLog is the log and the count of a store's durability timeouts.
+func shortfallLog(logger *zap.Logger, id string, replicas int, proceed bool) *backend.DurabilityLog {
+	msg := "too few Redis replicas acknowledged idempotency writes in time; reservations fail as store errors (on_storage_error), completions are sent again until replicas have them"
+	if proceed {
+		msg = "too few Redis replicas acknowledged idempotency writes in time; reservations go on (on_timeout proceed): a failover now may lose them; completions are sent again until replicas have them"
+	}
+	return &backend.DurabilityLog{Logger: logger, Backend: name, Store: id, Message: msg,
+		Fields: func(acked int) []zap.Field {
+			return []zap.Field{zap.Int("replicas_wanted", replicas), zap.Int("replicas_acked", acked)}
+		}}
 }
 
 // parseDurability parses `durability replicas <n> [<timeout>] [on_timeout fail|proceed]`.
@@ -99,70 +113,4 @@ func parseDurability(d *caddyfile.Dispenser) (*Durability, error) {
 		return nil, d.Err("durability: want 'durability replicas <n> [<timeout>] [on_timeout fail|proceed]'")
 	}
 	return out, nil
-}
-
-// shortfallLogEvery is how often at most a store's durability timeouts
-// are logged.
-const shortfallLogEvery = time.Second
-
-// shortfallLog counts a store's durability timeouts and logs them: the
-// first at once, the next ones held back and written as one line a
-// second, with how many it stands for (a replica down under a thousand
-// requests a second would otherwise write a thousand lines a second).
-type shortfallLog struct {
-	logger   *zap.Logger
-	store    string
-	replicas int
-	proceed  bool
-	// after runs f once d has passed (time.AfterFunc; tests replace it).
-	after func(d time.Duration, f func())
-
-	mu     sync.Mutex
-	timing bool           // a line was written within the last second
-	held   map[string]int // per op, since the last line
-	acked  int            // the last shortfall's acknowledgements
-}
-
-func (l *shortfallLog) add(op string, acked int) {
-	backend.CountDurabilityTimeout("redis", l.store, op)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.timing {
-		if l.held == nil {
-			l.held = make(map[string]int)
-		}
-		l.held[op]++
-		l.acked = acked
-		return
-	}
-	l.timing = true
-	l.write(map[string]int{op: 1}, acked)
-	l.after(shortfallLogEvery, l.flush)
-}
-
-// afterFunc is time.AfterFunc without its result.
-func afterFunc(d time.Duration, f func()) { time.AfterFunc(d, f) }
-
-// flush writes what was held back, and waits another second; with
-// nothing held, the next shortfall logs at once.
-func (l *shortfallLog) flush() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.held) == 0 {
-		l.timing = false
-		return
-	}
-	l.write(l.held, l.acked)
-	l.held = nil
-	l.after(shortfallLogEvery, l.flush)
-}
-
-func (l *shortfallLog) write(ops map[string]int, acked int) {
-	msg := "too few Redis replicas acknowledged idempotency writes in time; reservations fail as store errors (on_storage_error)"
-	if l.proceed {
-		msg = "too few Redis replicas acknowledged idempotency writes in time; going on (on_timeout proceed): a failover now may lose them"
-	}
-	l.logger.Warn(msg, zap.String("backend", "redis"), zap.String("store", l.store),
-		zap.Int("reservations", ops["reserve"]), zap.Int("completions", ops["complete"]),
-		zap.Int("replicas_wanted", l.replicas), zap.Int("replicas_acked", acked))
 }

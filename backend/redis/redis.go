@@ -3,7 +3,6 @@ package redis
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/backend/cfargs"
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/cache"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
@@ -67,7 +65,8 @@ type Storage struct {
 	// The Redis server as a URL: redis://[user:password@]host[:port][/db],
 	// rediss:// for TLS, or unix:///path/to/socket. Query parameters
 	// configure the go-redis client (for example protocol=2 or
-	// skip_verify=true). Default: redis://127.0.0.1:6379/0 when addresses
+	// skip_verify=true); each size and duration is checked against what
+	// go-redis and the module accept (docs/storage-redis.md). Default: redis://127.0.0.1:6379/0 when addresses
 	// is not set either. Not together with addresses.
 	URL string `json:"url,omitempty"`
 
@@ -107,9 +106,9 @@ type Storage struct {
 	// tag putting every record in one slot. Default: "idempotency:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
-	// The most connections per Redis node. Default: go-redis's, ten per
-	// CPU. Lease renewals have a few connections per node of their own
-	// besides.
+	// The most connections per Redis node, 1 to 10000. Default:
+	// go-redis's, ten per CPU. Lease renewals have a few connections per
+	// node of their own besides.
 	PoolSize int `json:"pool_size,omitempty"`
 
 	// How long opening one connection may take. Default: 1s; 10ms to 1m.
@@ -166,12 +165,12 @@ func (r *Storage) Provision(ctx caddy.Context) error {
 	if cfg, err = cfg.resolve(); err != nil {
 		return err
 	}
-	id, err := backend.StoreID(string(name), cfg)
+	id, err := backend.StoreID(name, cfg)
 	if err != nil {
 		return err
 	}
 	logger := ctx.Logger()
-	return r.Acquire(logger, string(name), cfg, cfg.where(), func() (storage.Store, error) {
+	return r.Acquire(logger, name, cfg, cfg.where(), func() (storage.Store, error) {
 		client, err := redisstore.NewClient(cfg.Client)
 		if err != nil {
 			return nil, err
@@ -251,10 +250,10 @@ func (r *Storage) compile() (redisConfig, error) {
 		switch r.Durability.OnTimeout {
 		case "", onTimeoutFail, onTimeoutProceed:
 		default:
-			return redisConfig{}, opterr.Errorf("durability", "redis storage: durability on_timeout must be %q or %q, got %q", onTimeoutFail, onTimeoutProceed, r.Durability.OnTimeout)
+			return redisConfig{}, name.OptionErrorf("durability", "durability on_timeout must be %q or %q, got %q", onTimeoutFail, onTimeoutProceed, r.Durability.OnTimeout)
 		}
 		if r.Durability.Replicas < 1 {
-			return redisConfig{}, opterr.Errorf("durability", "redis storage: durability replicas must be at least 1, got %d", r.Durability.Replicas)
+			return redisConfig{}, name.OptionErrorf("durability", "durability replicas must be at least 1, got %d", r.Durability.Replicas)
 		}
 		cfg.Durability = durabilityConfig{
 			Replicas: r.Durability.Replicas,
@@ -269,8 +268,8 @@ func (r *Storage) compile() (redisConfig, error) {
 	}).Check(); err != nil {
 		return redisConfig{}, err
 	}
-	if err := r.ReplayCache.Check("redis storage"); err != nil {
-		return redisConfig{}, opterr.New(err, "replay_cache")
+	if err := r.ReplayCache.Check(name); err != nil {
+		return redisConfig{}, err
 	}
 	if cfg.Client.URL == "" && len(cfg.Client.Addrs) == 0 {
 		cfg.Client.URL = redisstore.DefaultURL
@@ -307,7 +306,7 @@ func (cfg redisConfig) resolve() (redisConfig, error) {
 		resolve(&o.Addrs[i])
 	}
 	if url != "" && o.URL == "" {
-		return redisConfig{}, errors.New("redis storage: url is empty once its placeholders are replaced")
+		return redisConfig{}, name.Errorf("url is empty once its placeholders are replaced")
 	}
 	return cfg, o.Check()
 }
@@ -401,3 +400,11 @@ var (
 	_ caddyfile.Unmarshaler = (*Storage)(nil)
 	_ backend.Backend       = (*Storage)(nil)
 )
+
+// UnmarshalJSON decodes the storage's JSON config as Caddy would, but
+// that an error names the option whose value does not decode
+// (backend.DecodeJSON).
+func (s *Storage) UnmarshalJSON(b []byte) error {
+	type fields Storage
+	return backend.DecodeJSON(b, (*fields)(s))
+}

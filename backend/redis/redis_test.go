@@ -16,9 +16,9 @@ import (
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
 	redisstore "github.com/caddy-idempotency/caddy-idempotency/storage/redis"
 )
 
@@ -403,13 +403,13 @@ func TestRedisStartUpLineShowsTheKeyPrefix(t *testing.T) {
 func TestDurabilityTimeoutsAreLoggedOnceASecondPerStore(t *testing.T) {
 	core, logs := observer.New(zapcore.WarnLevel)
 	var due []func()
-	l := &shortfallLog{logger: zap.New(core), store: "redis:test", replicas: 1,
-		after: func(d time.Duration, f func()) {
-			if d != time.Second {
-				t.Errorf("next line due after %v, want 1s", d)
-			}
-			due = append(due, f)
-		}}
+	l := shortfallLog(zap.New(core), "redis:test", 1, false)
+	l.After = func(d time.Duration, f func()) {
+		if d != time.Second {
+			t.Errorf("next line due after %v, want 1s", d)
+		}
+		due = append(due, f)
+	}
 	counts := func() []string {
 		var out []string
 		for _, e := range logs.TakeAll() {
@@ -418,10 +418,10 @@ func TestDurabilityTimeoutsAreLoggedOnceASecondPerStore(t *testing.T) {
 		}
 		return out
 	}
-	l.add("reserve", 0)
-	l.add("reserve", 0)
-	l.add("complete", 1)
-	l.add("reserve", 0)
+	l.Add("reserve", 0)
+	l.Add("reserve", 0)
+	l.Add("complete", 1)
+	l.Add("reserve", 0)
 	if got := counts(); !slices.Equal(got, []string{"1/0 acked 0 of 1"}) {
 		t.Fatalf("lines at once %q, want the first only", got)
 	}
@@ -433,7 +433,7 @@ func TestDurabilityTimeoutsAreLoggedOnceASecondPerStore(t *testing.T) {
 	if got := counts(); len(got) != 0 || len(due) != 2 {
 		t.Fatalf("a quiet second wrote %q and scheduled %d", got, len(due))
 	}
-	l.add("complete", 0)
+	l.Add("complete", 0)
 	if got := counts(); !slices.Equal(got, []string{"0/1 acked 0 of 1"}) {
 		t.Fatalf("after a quiet second %q, want a line at once", got)
 	}

@@ -15,7 +15,25 @@ import (
 // clients take seconds rather than minutes.
 var ClientStallTimeout atomic.Int64
 
-func init() { ClientStallTimeout.Store(int64(10 * time.Second)) }
+// The bounds of waiting requests, per handler (see wait.go in the root
+// package): 1000 requests in all, 250 for one client (scope), 64 for one
+// key, 64 MiB of request bodies (a quarter of it for one client, and for
+// one key). The handler's tests lower them, so that a few requests meet
+// them.
+var (
+	MaxWaiters         atomic.Int64
+	MaxWaitersPerScope atomic.Int64
+	MaxWaitersPerKey   atomic.Int64
+	MaxWaitingBytes    atomic.Int64
+)
+
+func init() {
+	ClientStallTimeout.Store(int64(10 * time.Second))
+	MaxWaiters.Store(1000)
+	MaxWaitersPerScope.Store(250)
+	MaxWaitersPerKey.Store(64)
+	MaxWaitingBytes.Store(64 << 20)
+}
 
 // StallTimeout is ClientStallTimeout as a duration.
 func StallTimeout() time.Duration { return time.Duration(ClientStallTimeout.Load()) }

@@ -20,6 +20,15 @@ func (c *Store) GetByHash(ctx context.Context, hash string, withBody bool) ([]*s
 // DeleteByHash implements storage.HashFinder, dropping the cached records
 // too.
 func (c *Store) DeleteByHash(ctx context.Context, hash string) (int, error) {
+	c.dropHash(hash)
+	if f, ok := c.Store.(storage.HashFinder); ok {
+		return f.DeleteByHash(ctx, hash)
+	}
+	return 0, nil
+}
+
+// dropHash drops the cached records whose key's Hash is hash.
+func (c *Store) dropHash(hash string) {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
@@ -30,8 +39,27 @@ func (c *Store) DeleteByHash(ctx context.Context, hash string) (int, error) {
 		}
 		sh.mu.Unlock()
 	}
-	if f, ok := c.Store.(storage.HashFinder); ok {
-		return f.DeleteByHash(ctx, hash)
+}
+
+var _ storage.OutcomeUnknownKeeper = (*Store)(nil)
+
+// ListOutcomeUnknown implements storage.OutcomeUnknownKeeper when the
+// wrapped store does (nothing otherwise).
+func (c *Store) ListOutcomeUnknown(ctx context.Context, after string, limit int) ([]storage.HashedRecord, error) {
+	if k, ok := c.Store.(storage.OutcomeUnknownKeeper); ok {
+		return k.ListOutcomeUnknown(ctx, after, limit)
+	}
+	return nil, nil
+}
+
+// ReleaseOutcomeUnknown implements storage.OutcomeUnknownKeeper when the
+// wrapped store does, dropping the cached records of hash (an
+// outcome-unknown record is cached as any completed one; another
+// instance's cache keeps it until the entry's own TTL ends).
+func (c *Store) ReleaseOutcomeUnknown(ctx context.Context, hash string) (int, error) {
+	c.dropHash(hash)
+	if k, ok := c.Store.(storage.OutcomeUnknownKeeper); ok {
+		return k.ReleaseOutcomeUnknown(ctx, hash)
 	}
 	return 0, nil
 }

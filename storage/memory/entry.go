@@ -132,7 +132,7 @@ func (s *Store) reservation(e *entry, fp []byte) storage.Reservation {
 // costs its own requests and nothing else.
 func (s *Store) completed(e *entry, withBody bool) (*storage.Record, error) {
 	c := new(completedRecord)
-	if err := storage.DecodeResponseTo(&c.resp, e.resp); err != nil {
+	if err := storage.DecodeResponseInto(&c.resp, e.resp, c.values[:0]); err != nil {
 		return nil, err
 	}
 	if !withBody {
@@ -149,8 +149,10 @@ func (s *Store) completed(e *entry, withBody bool) (*storage.Record, error) {
 	return &c.rec, nil
 }
 
-// completedRecord is a record and its response in one allocation.
+// completedRecord is a record, its response and its header values (when
+// there are few, as there usually are) in one allocation.
 type completedRecord struct {
-	rec  storage.Record
-	resp storage.Response
+	rec    storage.Record
+	resp   storage.Response
+	values [4]string
 }

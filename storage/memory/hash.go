@@ -51,6 +51,19 @@ func (s *Store) DeleteByHash(_ context.Context, hash string) (int, error) {
 	return n, nil
 }
 
+// ReleaseOutcomeUnknown implements storage.OutcomeUnknownKeeper: each
+// record is checked and removed under its shard's lock.
+func (s *Store) ReleaseOutcomeUnknown(_ context.Context, hash string) (int, error) {
+	n := 0
+	s.eachByHash(hash, func(sh *shard, id recordID, e *entry) {
+		if storage.EncodedOutcomeUnknown(e.resp) {
+			s.remove(sh, id, e)
+			n++
+		}
+	})
+	return n, nil
+}
+
 // eachByHash calls fn, holding the shard's lock, for each live record
 // whose key's Hash is hash.
 func (s *Store) eachByHash(hash string, fn func(*shard, recordID, *entry)) {

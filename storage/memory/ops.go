@@ -98,7 +98,7 @@ func (s *Store) Complete(_ context.Context, key storage.Key, token storage.Token
 		// scope's share. The request ran, so the record is kept all the
 		// same, as a response too large to record is: status and
 		// headers, the body omitted.
-		enc, detail = encodeRecord(&storage.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true, Detail: resp.Detail})
+		enc, detail = encodeRecord(&storage.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true, OutcomeUnknown: resp.OutcomeUnknown, Detail: resp.Detail})
 		cost = int64(cap(enc)+cap(detail)) + extra
 		s.bytes.Add(cost)
 		s.growScope(scope, cost, false)

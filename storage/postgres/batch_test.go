@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
@@ -118,8 +119,8 @@ func TestReservesWaitingTogetherShareOneBatch(t *testing.T) {
 		t.Fatalf("the blocked reserve: %v", err)
 	}
 	wg.Wait()
-	if _, largest, _, _ := s.BatchStats(); largest != 2*keys {
-		t.Fatalf("the largest batch of reserves held %d statements, want all %d", largest, 2*keys)
+	if _, largest, _, _ := s.BatchStats(); largest != keys {
+		t.Fatalf("the largest batch of reserves held %d statements, want %d (one per key)", largest, keys)
 	}
 	for i := range keys {
 		id := fmt.Sprint(i)
@@ -201,8 +202,8 @@ func TestARefusedBatchRunsEachStatementAlone(t *testing.T) {
 	}
 }
 
-// blockedComplete holds a completion back on a row another transaction
-// has locked, as blockedReserve does a reserve.
+// blockedComplete holds a completion back on the table, which another
+// transaction holds, as blockedReserve does a reserve.
 func blockedComplete(t *testing.T, s *postgres.Store, dsn string) (release func(), wait func() error) {
 	t.Helper()
 	ctx := context.Background()
@@ -212,7 +213,10 @@ func blockedComplete(t *testing.T, s *postgres.Store, dsn string) (release func(
 	ok(t, err)
 	tx, err := conn.Begin(ctx)
 	ok(t, err)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM `+s.Table()+` WHERE scope = 'block' AND key = 'completer' FOR UPDATE`)
+	// A completion never waits for a row (batch.go); it waits for the
+	// table, at the guard, while another transaction holds it in SHARE
+	// mode.
+	_, err = tx.Exec(ctx, `LOCK TABLE `+s.Table()+` IN SHARE MODE`)
 	ok(t, err)
 	done := make(chan error, 1)
 	go func() { done <- s.Complete(ctx, key, tok, &storage.Response{Status: 201}, time.Hour) }()
@@ -347,20 +351,24 @@ func TestALockedRowBusiesOnlyItsKey(t *testing.T) {
 	ok(t, s.Complete(t.Context(), running, tok, &storage.Response{Status: 201}, time.Hour))
 }
 
-// TestBatchesGoOutWhileOneWaitsOnALockedRow: a reserve waits for a row
-// another transaction is inserting (with a lock wait longer than the
-// test, so that it waits all along); meanwhile 90 requests for new keys
-// reserve and complete, in other batches, and all are done while the
-// first still waits: a batch held on a row holds up nobody who came after
-// it.
+// TestBatchesGoOutWhileOneWaitsOnALockedRow: a reserve of an expired
+// record whose row another transaction holds waits for it (with a lock
+// wait longer than the test, so that it waits all along), in the process,
+// never on the server; meanwhile 90 requests for new keys reserve and
+// complete, in the batches that go out, and all are done while the first
+// still waits: a locked row holds up nobody else.
 func TestBatchesGoOutWhileOneWaitsOnALockedRow(t *testing.T) {
 	const n = 90
 	dsn := pgtest.Require(t)
 	s := openStore(t, pinnedPool(t, dsn, 16), postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true, LockWait: patientLockWait})
 	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour)
-	hold := holdKey(t, dsn, s.Table(), "held", "k")
-	held := goReserve(t.Context(), s, storage.Key{Scope: "held", ID: "k"}, fpA)
-	pgtest.WaitForLockWait(t, dsn, s.Table())
+	heldKey := storage.Key{Scope: "held", ID: "k"}
+	completed(t, s, heldKey, time.Hour)
+	pgtest.Exec(t, dsn, `UPDATE `+s.Table()+` SET expires_at = now() - interval '1 second' WHERE key = 'k'`)
+	hold, _ := holdRow(t, dsn, s, heldKey)
+	before := s.LockedAnswers()
+	held := goReserve(t.Context(), s, heldKey, fpA)
+	testutil.Eventually(t, 30*time.Second, "the held key's reserve to find its row locked", func() bool { return s.LockedAnswers() > before })
 
 	errs := make(chan error, n)
 	for i := range n {
@@ -386,13 +394,13 @@ func TestBatchesGoOutWhileOneWaitsOnALockedRow(t *testing.T) {
 		t.Fatalf("the reserve of the held key returned (%v %v) before its row was let go", r.res.Outcome, r.err)
 	default:
 	}
-	if w := lockWaits(t, dsn, s.Table()); w != 1 {
-		t.Fatalf("%d statements wait for the held row, want the first reserve still waiting", w)
+	if w := lockWaits(t, dsn, s.Table()); w != 0 {
+		t.Fatalf("%d statements wait for a lock on the server, want none", w)
 	}
 
 	hold()
 	if r := receive(t, held, "the reserve of the held key"); r.err != nil || r.res.Outcome != storage.Acquired {
-		t.Fatalf("the held key once its inserter rolled back: %v %v, want acquired", r.res.Outcome, r.err)
+		t.Fatalf("the held key once its row was let go: %v %v, want acquired", r.res.Outcome, r.err)
 	}
 }
 
@@ -428,12 +436,13 @@ func (tr *lockTimeoutTracer) count(err error) {
 }
 
 // TestABatchWithALockedRowRunsTheOthersAgain: one batch of three reserves
-// holds the takeover of an expired record whose row an outside transaction
-// holds. That statement (the culprit) waits the lock wait and fails with
-// lock_not_available, which rolls the batch back: its request gets
-// ErrBusy at once, never run again, and the two others, rolled back with
-// it, go out again in a batch of their own and acquire their keys, while
-// the row is still held.
+// holds a new key that an outside transaction is inserting (the one wait
+// a batch's statement still makes on the server: the INSERT must learn
+// whether it conflicts). That statement (the culprit) waits the lock wait
+// and fails with lock_not_available, which rolls the batch back: its
+// request gets ErrBusy at once, never run again, and the two others,
+// rolled back with it, go out again in a batch of their own and acquire
+// their keys, while the key is still held.
 func TestABatchWithALockedRowRunsTheOthersAgain(t *testing.T) {
 	dsn := pgtest.Require(t)
 	cfg, err := pgxpool.ParseConfig(dsn)
@@ -445,30 +454,31 @@ func TestABatchWithALockedRowRunsTheOthersAgain(t *testing.T) {
 	ok(t, err)
 	s := openStore(t, pool, postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true, LockWait: 100 * time.Millisecond})
 	culprit := storage.Key{Scope: "batch", ID: "b-held"}
-	completed(t, s, culprit, time.Hour)
-	pgtest.Exec(t, dsn, `UPDATE `+s.Table()+` SET expires_at = now() - interval '1 second' WHERE key = 'b-held'`)
-	_, still := holdRow(t, dsn, s, culprit)
+	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour)
+	holdKey(t, dsn, s.Table(), culprit.Scope, culprit.ID)
+	still := func() bool { return lockWaits(t, dsn, s.Table()) == 0 && s.Queued() == 0 }
 
-	// The batch out, alone, waits for the table: an outside transaction
-	// holds it in SHARE mode, which the guard waits for (a table lock is
-	// not bounded by the lock wait) while the row lock above is not in
-	// its way. The reserves made meanwhile queue for the next batch.
-	ctx := context.Background()
-	locker, err := pgx.Connect(ctx, dsn)
-	ok(t, err)
-	defer locker.Close(ctx)
-	ltx, err := locker.Begin(ctx)
-	ok(t, err)
-	_, err = ltx.Exec(ctx, `LOCK TABLE `+s.Table()+` IN SHARE MODE`)
-	ok(t, err)
+	// The batch out, alone, waits for a connection: the test holds them
+	// all. The reserves made meanwhile queue for the next batch.
+	var conns []*pgxpool.Conn
+	for range cfg.MaxConns {
+		c, err := pool.Acquire(t.Context())
+		ok(t, err)
+		conns = append(conns, c)
+	}
 	before, _, _, _ := s.BatchStats()
 	lead := goReserve(t.Context(), s, storage.Key{Scope: "batch", ID: "lead"}, fpA)
-	pgtest.WaitForLockWait(t, dsn, s.Table())
+	testutil.Eventually(t, 30*time.Second, "the lone reserve to go out", func() bool {
+		n, _, _, _ := s.BatchStats()
+		return n > before
+	})
 	a := goReserve(t.Context(), s, storage.Key{Scope: "batch", ID: "a"}, fpA)
 	b := goReserve(t.Context(), s, culprit, fpA)
 	c := goReserve(t.Context(), s, storage.Key{Scope: "batch", ID: "c"}, fpA)
 	queued(t, s, 3)
-	ok(t, ltx.Rollback(ctx))
+	for _, c := range conns {
+		c.Release()
+	}
 	if r := receive(t, lead, "the batch out"); r.err != nil || r.res.Outcome != storage.Acquired {
 		t.Fatalf("the batch out: %v %v, want acquired", r.res.Outcome, r.err)
 	}
@@ -483,7 +493,10 @@ func TestABatchWithALockedRowRunsTheOthersAgain(t *testing.T) {
 		}
 	}
 	if !still() {
-		t.Fatal("the outside transaction no longer holds the row")
+		t.Fatal("statements still wait")
+	}
+	if _, err := s.Get(t.Context(), culprit, false); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("the held key: %v, want not found (the outside transaction's insert is not committed)", err)
 	}
 	reserves, largest, _, _ := s.BatchStats()
 	if reserves -= before; reserves != 3 || largest != 3 {
@@ -491,5 +504,68 @@ func TestABatchWithALockedRowRunsTheOthersAgain(t *testing.T) {
 	}
 	if got := tr.timeouts.Load(); got != 1 {
 		t.Errorf("%d statements gave up on a lock, want the culprit once (it must not run again)", got)
+	}
+}
+
+// TestALockedKeyGoesAloneAfterItsLockWait: once a statement of a key
+// waited the lock wait on the server (a new key another transaction is
+// inserting), the key's next statements go alone, on connections of
+// their own, for a while: the statements queued with one never share its
+// batch, so they never wait a second lock wait for it.
+func TestALockedKeyGoesAloneAfterItsLockWait(t *testing.T) {
+	dsn := pgtest.Require(t)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	ok(t, err)
+	cfg.MaxConns = 3
+	tr := new(lockTimeoutTracer)
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	ok(t, err)
+	s := openStore(t, pool, postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true, LockWait: time.Second})
+	held := storage.Key{Scope: "alone", ID: "held"}
+	completed(t, s, storage.Key{Scope: "warm", ID: "up"}, time.Hour)
+	holdKey(t, dsn, s.Table(), held.Scope, held.ID)
+	if r := receive(t, goReserve(t.Context(), s, held, fpA), "the first reserve of the held key"); !errors.Is(r.err, storage.ErrBusy) {
+		t.Fatalf("the first reserve of the held key: %v %v, want ErrBusy", r.res.Outcome, r.err)
+	}
+
+	// The next ones queue (the test holds every connection) with three
+	// reserves of other keys.
+	var conns []*pgxpool.Conn
+	for range cfg.MaxConns {
+		c, err := pool.Acquire(t.Context())
+		ok(t, err)
+		conns = append(conns, c)
+	}
+	before, _, _, _ := s.BatchStats()
+	lead := goReserve(t.Context(), s, storage.Key{Scope: "alone", ID: "lead"}, fpA)
+	testutil.Eventually(t, 30*time.Second, "the lone reserve to go out", func() bool {
+		n, _, _, _ := s.BatchStats()
+		return n > before
+	})
+	again := goReserve(t.Context(), s, held, fpA)
+	others := []<-chan reserveResult{
+		goReserve(t.Context(), s, storage.Key{Scope: "alone", ID: "a"}, fpA),
+		goReserve(t.Context(), s, storage.Key{Scope: "alone", ID: "b"}, fpA),
+		goReserve(t.Context(), s, storage.Key{Scope: "alone", ID: "c"}, fpA),
+	}
+	queued(t, s, 4)
+	for _, c := range conns {
+		c.Release()
+	}
+	for _, ch := range append(others, lead) {
+		if r := receive(t, ch, "a reserve of another key"); r.err != nil || r.res.Outcome != storage.Acquired {
+			t.Errorf("a reserve of another key: %v %v, want acquired", r.res.Outcome, r.err)
+		}
+	}
+	if r := receive(t, again, "the next reserve of the held key"); !errors.Is(r.err, storage.ErrBusy) {
+		t.Fatalf("the next reserve of the held key: %v %v, want ErrBusy", r.res.Outcome, r.err)
+	}
+	reserves, largest, _, _ := s.BatchStats()
+	if reserves -= before; reserves != 2 || largest != 3 {
+		t.Errorf("%d batches of reserves after the first, the largest of %d; want 2 (the lone one, the three), the largest of 3: the held key went alone", reserves, largest)
+	}
+	if got := tr.timeouts.Load(); got != 2 {
+		t.Errorf("%d statements gave up on a lock, want 2 (the first reserve of the held key, and the next, alone)", got)
 	}
 }

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -14,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/redact"
 )
 
 // What an error means to the caller. A caller may go on without the
@@ -158,8 +159,8 @@ func (s *Store) unavailable(ctx context.Context, err error) bool {
 		return true
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, pgconn.ErrConnClosed):
 		return true // the connection broke mid-conversation
-	case errors.Is(err, pgconn.ErrReadOnlyConnection):
-		return true // target_session_attrs=read-write found no primary: a failover in progress
+	case errors.Is(err, pgconn.ErrReadOnlyConnection), errors.Is(err, pgconn.ErrStandbyConnection):
+		return true // target_session_attrs=read-write or primary found no primary: a failover in progress
 	case s.closed.Load():
 		return true // closed with the store: nothing answers any more
 	}
@@ -182,7 +183,7 @@ func (s *Store) meaning(ctx context.Context, op string, err error) error {
 	var pgErr *pgconn.PgError
 	var scanErr pgx.ScanArgError
 	switch {
-	case errors.Is(err, storage.ErrCorrupt), errors.Is(err, storage.ErrInvalid), errors.Is(err, storage.ErrBusy):
+	case errors.Is(err, storage.ErrCorrupt), errors.Is(err, storage.ErrInvalid), errors.Is(err, storage.ErrBusy), errors.Is(err, storage.ErrNotReplicated):
 		return fmt.Errorf("postgres %s: %w", op, err)
 	case readOnly(err):
 		// A failover demoted the server, or the DSN names a standby: as
@@ -201,9 +202,19 @@ func (s *Store) meaning(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("postgres %s: %w: %w", op, storage.ErrUnavailable, err)
 	case errors.As(err, &pgErr) && (pgErr.Code == invalidParamName || pgErr.Code == undefinedObject) && errors.As(err, new(*pgconn.ConnectError)):
 		// The server refused a setting of the start-up packet: pgx passes
-		// every keyword it does not know on as one, and a URL whose
-		// scheme it does not know is read as a keyword.
-		return fmt.Errorf("postgres %s: the server refused a parameter of the dsn (a misspelt keyword, or a URL whose scheme is not postgres:// or postgresql://, read as one): %w", op, err)
+		// every keyword it does not know on as one.
+		return fmt.Errorf("postgres %s: the server refused a parameter of the dsn (a misspelt keyword, which pgx sends as a setting of the server): %w", op, err)
+	case errors.Is(err, pgconn.ErrReadWriteConnection), errors.Is(err, pgconn.ErrPrimaryConnection):
+		// target_session_attrs asks for a read-only server or a standby,
+		// where the records cannot be written.
+		return fmt.Errorf("postgres %s: no server of the dsn is what its target_session_attrs asks for, and the records need a server that takes writes "+
+			"(target_session_attrs=read-write or primary, or none): %w", op, err)
+	case errors.As(err, new(*tls.CertificateVerificationError)):
+		return fmt.Errorf("postgres %s: the server's certificate does not verify as the dsn's sslmode asks (verify-ca, verify-full: sslrootcert names the CA): %w", op, err)
+	case strings.Contains(err.Error(), "server refused TLS connection"):
+		return fmt.Errorf("postgres %s: the server does not speak TLS, which the dsn's sslmode requires (require, verify-ca, verify-full): %w", op, err)
+	case strings.Contains(err.Error(), "channel binding required"):
+		return fmt.Errorf("postgres %s: the server cannot do what the dsn's channel_binding=require asks (SCRAM-SHA-256-PLUS over TLS): %w", op, err)
 	case errors.As(err, &pgErr) && pgErr.Code == undefinedTable:
 		hint := "create it with the statements `caddy idempotency schema` prints (docs/storage-postgres.md, The table), or turn create_table on"
 		if s.opts.CreateTable {

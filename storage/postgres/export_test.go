@@ -50,3 +50,10 @@ func (s *Store) Queued() int {
 	s.completes.mu.Unlock()
 	return n
 }
+
+// LockedAnswers returns how many reserve statements found their row
+// locked by another transaction.
+func (s *Store) LockedAnswers() int64 { return s.lockedAnswers.Load() }
+
+// RenewChunk is how many leases one renewal transaction renews at most.
+const RenewChunk = renewChunk

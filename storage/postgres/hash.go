@@ -98,12 +98,13 @@ func scanRecord(row pgx.Row) (*storage.Record, error) {
 	case stateInFlight:
 		rec.State = storage.InFlight
 		rec.Token = storage.Token(token)
-	case stateCompleted:
+	case stateCompleted, stateOutcomeUnknown:
 		rec.State = storage.Completed
 		resp, err := response(status, headers, body, bodyOmitted)
 		if err != nil {
 			return nil, err
 		}
+		resp.OutcomeUnknown = state == stateOutcomeUnknown
 		rec.Response = resp
 	default:
 		return nil, fmt.Errorf("%w: state %d", storage.ErrCorrupt, state)
@@ -147,4 +148,76 @@ func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]st
 		return nil, s.fail(ctx, "get", err)
 	}
 	return out, nil
+}
+
+var _ storage.OutcomeUnknownKeeper = (*Store)(nil)
+
+// ListOutcomeUnknown implements storage.OutcomeUnknownKeeper, with
+// GetByHash's scan.
+func (s *Store) ListOutcomeUnknown(ctx context.Context, after string, limit int) ([]storage.HashedRecord, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	ctx, cancel := s.scanContext(ctx)
+	defer cancel()
+	if err := s.ensureSchema(ctx); err != nil {
+		return nil, s.fail(ctx, "get", err)
+	}
+	var out []storage.HashedRecord
+	err := s.scan(ctx, func(tx pgx.Tx) error {
+		out = nil
+		rows, err := tx.Query(ctx, s.sql.listOutcomeUnknown, after, limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			rec := &storage.Record{State: storage.Completed}
+			var (
+				kh      string
+				status  int32
+				headers []byte
+			)
+			if err := rows.Scan(&kh, &rec.Fingerprint, &rec.CreatedAt, &rec.ExpiresAt, &status, &headers); err != nil {
+				return err
+			}
+			resp, err := response(status, headers, nil, false)
+			if err != nil {
+				return err
+			}
+			resp.OutcomeUnknown = true
+			rec.Response = resp
+			out = append(out, storage.HashedRecord{KeyHash: kh, Record: rec})
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, s.fail(ctx, "get", err)
+	}
+	return out, nil
+}
+
+// ReleaseOutcomeUnknown implements storage.OutcomeUnknownKeeper, with
+// GetByHash's scan: one DELETE whose condition holds on the rows it
+// locks.
+func (s *Store) ReleaseOutcomeUnknown(ctx context.Context, hash string) (int, error) {
+	prefix, err := hex.DecodeString(hash)
+	if err != nil || len(prefix) != storage.HashLen/2 || hex.EncodeToString(prefix) != hash {
+		return 0, nil
+	}
+	ctx, cancel := s.scanContext(ctx)
+	defer cancel()
+	if err := s.ensureSchema(ctx); err != nil {
+		return 0, s.fail(ctx, "delete", err)
+	}
+	var n int64
+	err = s.scan(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, s.sql.releaseOutcomeUnknown, prefix)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, s.fail(ctx, "delete", err)
+	}
+	return int(n), nil
 }

@@ -27,8 +27,12 @@ func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Tok
 	if len(detail) == 0 {
 		detail = nil // NULL
 	}
+	state := int16(stateCompleted)
+	if resp.OutcomeUnknown {
+		state = stateOutcomeUnknown
+	}
 	return s.leaseOp(ctx, "complete", s.sql.complete, key, token,
-		int32(resp.Status), headers, resp.Body, resp.BodyOmitted, micros(ttl), detail)
+		int32(resp.Status), headers, resp.Body, resp.BodyOmitted, micros(ttl), detail, state)
 }
 
 // Release implements storage.Store.
@@ -58,15 +62,30 @@ func (s *Store) leaseOp(ctx context.Context, op, sql string, key storage.Key, to
 	if err := s.ensureSchema(ctx); err != nil {
 		return s.fail(ctx, op, err)
 	}
-	var tag pgconn.CommandTag
+	var affected bool
 	item := &batchItem{sql: sql, args: append([]any{key.Scope, key.ID, int64(token)}, args...), order: key.Scope + "\x00" + key.ID,
-		read: func(br pgx.BatchResults) (err error) { tag, err = br.Exec(); return err }}
+		read: func(br pgx.BatchResults) error {
+			tag, err := br.Exec()
+			affected = tag.RowsAffected() > 0
+			return err
+		}}
 	// Each goes after the guard (batch.go), which bounds its wait for a
 	// row another transaction holds: then its error wraps storage.ErrBusy.
 	var err error
 	if op == "complete" {
 		// Completions waiting at the same moment share one commit
-		// (batch.go).
+		// (batch.go); the statement never waits for a locked row, and
+		// says so instead (errRowLocked).
+		item.read = func(br pgx.BatchResults) error {
+			var locked bool
+			if err := br.QueryRow().Scan(&affected, &locked); err != nil {
+				return err
+			}
+			if locked {
+				return errRowLocked
+			}
+			return nil
+		}
 		err = s.completes.do(ctx, item)
 	} else {
 		err = s.alone(ctx, item)
@@ -76,10 +95,16 @@ func (s *Store) leaseOp(ctx context.Context, op, sql string, key storage.Key, to
 		// conflict, changed nothing: the statement runs on its own.
 		err = retry(ctx, func() error { return s.alone(ctx, item) })
 	}
-	if err != nil {
+	if err = s.waitedFor(op, err); err != nil {
 		return s.fail(ctx, op, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if !affected && op == "complete" {
+		// Not its in-flight row: the completion may be sent again after
+		// one a synchronous standby missed (confirm), else the lease is
+		// gone.
+		return s.confirm(ctx, key, token)
+	}
+	if !affected {
 		return storage.ErrLeaseLost
 	}
 	return nil

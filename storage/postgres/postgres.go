@@ -22,9 +22,12 @@
 // and durations saturate at MaxDuration.
 //
 // Reserves and completions waiting at the same moment share one commit
-// (batch.go), several batches in flight at once; a statement waits for a
-// row another transaction holds for at most Options.LockWait, and then
-// fails for its key alone with storage.ErrBusy. The leases of running
+// (batch.go), at most two batches of each kind in flight at a time; a batch never
+// waits for a row another transaction holds, and a statement whose row is
+// held tries again, in later batches, for at most Options.LockWait, and
+// then fails for its key alone with storage.ErrBusy. A lapsed lease whose
+// row was held is not taken over while its owner's renewal, which does
+// wait for the row, may still land (see reserve.go). The leases of running
 // requests are renewed all at once, in one statement over arrays, on
 // connections of their own (storage.BatchRenewer, see renew.go).
 //
@@ -47,6 +50,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
@@ -125,6 +129,12 @@ type Options struct {
 	// Timeout is zero.
 	ScanTimeout time.Duration
 
+	// OnNotReplicated, when set, is called for every reservation or
+	// completion (op "reserve", "complete") whose commit's wait for a
+	// synchronous standby was cancelled (see durability.go): it failed with
+	// an error wrapping storage.ErrNotReplicated. It must not block.
+	OnNotReplicated func(op string)
+
 	// OnCleanup, when set, is called after every periodic cleanup with the
 	// rows deleted and the error, ErrCleanupLocked when another store was
 	// cleaning. It runs on the cleanup goroutine.
@@ -147,9 +157,16 @@ func lockWaitFor(timeout time.Duration) time.Duration {
 }
 
 // renewalConns is the size of the pool of lease renewals (see
-// RenewBatch): one tick's statement, and the next tick's while a late one
-// is still out.
-const renewalConns = 2
+// RenewBatch): one tick's statement, the next tick's while a late one is
+// still out, and the waiting renewals.
+const renewalConns = 2 + maxWaitingRenewals
+
+// maxWaitingRenewals bounds the waiting renewals (renewLocked), each
+// queued on rows locked from outside while their owners' requests run:
+// so many locks held by other transactions at once, each begun at
+// another tick, keep their leases; beyond that, a lease whose row stays
+// locked for longer than its length lapses (docs/storage-postgres.md).
+const maxWaitingRenewals = 4
 
 // Store is a storage.Store on a PostgreSQL table. Create it with New and
 // release it with Close.
@@ -164,6 +181,14 @@ type Store struct {
 	// renewalRoundTrips counts the pipelines it sent.
 	renewals          *pgxpool.Pool
 	renewalRoundTrips atomic.Int64
+
+	// renewing holds the leases in a renewal on its way, waitingRenewals
+	// counts the waiting renewals running (see RenewBatch).
+	renewing        renewals
+	waitingRenewals atomic.Int32
+
+	// polls holds a place for each waiter poll's read under way (Wait).
+	polls chan struct{}
 
 	// schemaAttempt is the DDL run in progress, if any (guarded by
 	// schemaMu); schemaReady skips the DDL once it succeeded.
@@ -180,12 +205,23 @@ type Store struct {
 	// rounds PostgreSQL rolled back for a conflict (see reserve.go).
 	fallbacks, serializationFailures, deadlocks atomic.Int64
 
+	// syncWaitsCancelled counts the reservations and completions whose
+	// wait for a synchronous standby was cancelled (see durability.go).
+	syncWaitsCancelled atomic.Int64
+
 	// watches shares one poll per key among the waiters (see wait.go).
 	watches watches
 
 	// reserves and completes batch the statements waiting at the same
-	// moment into one commit (see batch.go).
+	// moment into one commit (see batch.go); lastAnswer is when the server
+	// last answered a batch (UnixNano).
 	reserves, completes batcher
+	lastAnswer          atomic.Int64
+
+	// lockedSeen holds off the takeover of keys whose row a reserve found
+	// locked (see Store.sawLocked).
+	lockedSeen    lockedKeys
+	lockedAnswers atomic.Int64 // reserve statements that found their row locked
 
 	closed atomic.Bool // set by Close
 	pinned bool        // the pool starts its sessions at READ COMMITTED
@@ -195,7 +231,8 @@ type Store struct {
 	secrets []string
 
 	closeOnce   sync.Once
-	stop        context.CancelFunc // stops the cleanup goroutine
+	life        context.Context    // ends with Close: the background work's (cleanup, a waiting renewal)
+	stop        context.CancelFunc // ends life
 	cleanupDone chan struct{}      // closed when it has returned
 }
 
@@ -255,20 +292,25 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		sql:         newStatements(table, opts.LockWait),
 		ddlLock:     lockKey("ddl", table),
 		cleanupLock: lockKey("cleanup", table),
+		life:        ctx,
 		stop:        stop,
 		cleanupDone: make(chan struct{}),
 		pinned:      pins(pool),
 		secrets:     secretsOf(pool.Config().ConnConfig),
 	}
-	// Batches in flight at once, of each kind: several, so that a batch
-	// held on a locked row (for at most LockWait) never holds up the
-	// statements that come after it, and half the pool each, so that
-	// reserves and completions together never ask for more connections
-	// than it has (a batch holds one while it runs; the statements that go
-	// alone, releases and second reads, share the pool with them).
-	senders := max(1, int(pool.Config().MaxConns)/2)
-	s.reserves.s, s.reserves.maxSenders = s, senders
-	s.completes.s, s.completes.maxSenders = s, senders
+	// Two batches of each kind in flight at a time at most (batch.go),
+	// and never more than half the pool each, so that reserves and
+	// completions together never ask for more connections than it has
+	// (a batch holds one while it runs); their statements never wait for
+	// a locked row, so a batch never holds up the statements queued
+	// behind it.
+	limit := min(maxBatches, max(1, int(pool.Config().MaxConns)/2))
+	s.reserves.s, s.reserves.limit = s, limit
+	s.completes.s, s.completes.limit = s, limit
+	// The waiters' pollers read at most a quarter of the pool at once:
+	// a burst of keys waited on (one poller each) never takes the
+	// connections the reserves and completions need.
+	s.polls = make(chan struct{}, max(1, int(pool.Config().MaxConns)/4))
 	go s.cleanupLoop(ctx)
 	return s, nil
 }
@@ -302,6 +344,33 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Check implements storage.Checker: Ping without creating the table,
+// and with the question Ping's DDL would answer by failing: whether the
+// server takes writes. With CreateTable, a table or column that is
+// missing is fine: the first use creates it.
+func (s *Store) Check(ctx context.Context) error {
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	_, err := s.pool.Exec(ctx, s.sql.columns)
+	var pgErr *pgconn.PgError
+	if err != nil && s.opts.CreateTable && errors.As(err, &pgErr) && (pgErr.Code == undefinedTable || pgErr.Code == undefinedColumn) {
+		err = nil
+	}
+	if err != nil {
+		return s.fail(ctx, "check", err)
+	}
+	var readOnly bool
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('transaction_read_only') = 'on'`).Scan(&readOnly); err != nil {
+		return s.fail(ctx, "check", err)
+	}
+	if readOnly {
+		return fmt.Errorf("postgres check: %w: %w", storage.ErrUnavailable, ErrReadOnly)
+	}
+	return nil
+}
+
+var _ storage.Checker = (*Store)(nil)
 
 // Pool returns the store's connection pool, for its statistics. It is
 // closed by Close; do not close it yourself.

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -146,6 +147,33 @@ func completed(t testing.TB, s storage.Store, key storage.Key, ttl time.Duration
 // Ping checks the table and every column the store uses, so that a
 // table missing or of an older version is named at start-up rather than
 // by every request (issue 28); with CreateTable it creates the table.
+// Check finds what Ping would, without writing: with CreateTable a table
+// that does not exist yet is fine and is not created; without it, it is
+// named; a read-only server is ErrReadOnly.
+func TestCheckWritesNothing(t *testing.T) {
+	dsn := pgtest.Require(t)
+	ctx := context.Background()
+	table := pgtest.Table(t, dsn)
+	ok(t, openStore(t, testPool(t, dsn, 2), postgres.Options{Table: table, CreateTable: true}).Check(ctx))
+	var n int
+	p := testPool(t, dsn, 1)
+	defer p.Close()
+	ok(t, p.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE tablename = $1", table).Scan(&n))
+	if n != 0 {
+		t.Fatalf("Check created the table %s", table)
+	}
+	err := openStore(t, testPool(t, dsn, 2), postgres.Options{Table: table}).Check(ctx)
+	if err == nil || !strings.Contains(err.Error(), `table "`+table+`" does not exist`) || storage.Unavailable(err) {
+		t.Errorf("Check without the table and CreateTable: %v", err)
+	}
+	readOnly, name := pgtest.Database(t, dsn)
+	pgtest.Exec(t, dsn, `ALTER DATABASE `+pgx.Identifier{name}.Sanitize()+` SET default_transaction_read_only = on`)
+	err = openStore(t, testPool(t, readOnly, 2), postgres.Options{CreateTable: true}).Check(ctx)
+	if !errors.Is(err, postgres.ErrReadOnly) || !errors.Is(err, storage.ErrReadOnly) {
+		t.Errorf("Check on a read-only database: %v, want ErrReadOnly", err)
+	}
+}
+
 func TestPingChecksTheTableAndItsColumns(t *testing.T) {
 	dsn := pgtest.Require(t)
 	ctx := context.Background()
@@ -198,24 +226,21 @@ func TestPingChecksTheTableAndItsColumns(t *testing.T) {
 	}
 }
 
-// A DSN pgx misreads (a scheme typo makes the whole URL one keyword) goes
-// to the server as a setting's name, which its error quotes: every error
-// of the store is scrubbed of the DSN's password (issue 28).
+// A setting the server refuses is quoted by its error, and pgx sends
+// every keyword it does not know as one: a password where a keyword was
+// meant goes to the server as a setting's name. Every error of the store
+// is scrubbed of the DSN's password (issue 28).
 func TestErrorsNeverQuoteTheDSNsPassword(t *testing.T) {
 	dsn := pgtest.Require(t)
-	u, err := url.Parse(dsn)
-	if err != nil || u.Port() == "" {
-		testutil.Unavailable(t, "this test needs %s as a URL with host and port", pgtest.EnvDSN)
-	}
-	// pgx reads the misspelt URL as a parameter, and the host, the port
-	// and the user from the environment.
-	t.Setenv("PGHOST", u.Hostname())
-	t.Setenv("PGPORT", u.Port())
-	t.Setenv("PGUSER", u.User.Username())
 	const pw = "Zq7leak-pw"
-	typo := "postgress://" + u.User.Username() + ":" + pw + "@" + u.Host + "/test?sslmode=disable"
-	cfg, err := postgres.NewPoolConfig(typo, 2)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		testutil.Unavailable(t, "this test needs %s as a URL", pgtest.EnvDSN)
+	}
+	u.User = url.UserPassword(u.User.Username(), pw)
+	cfg, err := postgres.NewPoolConfig(u.String(), 2)
 	ok(t, err)
+	cfg.ConnConfig.RuntimeParams[pw] = "on" // as pgx reads `... password=x Zq7leak-pw=on`
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	ok(t, err)
 	s := openStore(t, pool, postgres.Options{Table: pgtest.Table(t, dsn), CreateTable: true})
@@ -228,8 +253,48 @@ func TestErrorsNeverQuoteTheDSNsPassword(t *testing.T) {
 		if strings.Contains(err.Error(), pw) {
 			t.Errorf("%s: %v", op, err)
 		}
-		if op == "ping" && (!strings.Contains(err.Error(), "configuration parameter") || !strings.Contains(err.Error(), "scheme is not postgres://")) {
+		if op == "ping" && (!strings.Contains(err.Error(), "configuration parameter") || !strings.Contains(err.Error(), "a misspelt keyword")) {
 			t.Errorf("%s: %v, want the server's refusal (else this test proves nothing)", op, err)
 		}
+	}
+}
+
+// A DSN written as a URL of another scheme (postgress://) is refused,
+// naming the scheme, before anything is built: pgx would read it as one
+// keyword and connect to its defaults.
+func TestAURLOfAnotherSchemeIsRefused(t *testing.T) {
+	for _, dsn := range []string{"postgress://u:Zq7leak-pw@db:5432/app", "mysql://u@db/app", " pg://db/app", "POSTGRES://db/app"} {
+		_, err := postgres.NewPoolConfig(dsn, 2)
+		if err == nil || !strings.Contains(err.Error(), "must be postgres:// or postgresql://") || strings.Contains(err.Error(), "Zq7leak-pw") {
+			t.Errorf("%q: %v", dsn, err)
+		}
+	}
+	for _, dsn := range []string{"postgres://db/app", "postgresql://db/app", "host=db dbname=app options='-c x=y://z'"} {
+		if _, err := postgres.NewPoolConfig(dsn, 2); err != nil {
+			t.Errorf("%q: %v", dsn, err)
+		}
+	}
+}
+
+// The facts warn when the server may lose records without a fault of the
+// store's: synchronous_commit off for the store's sessions (set on its
+// database here), with the fix; fsync is reported. A server with both on
+// says nothing.
+func TestFactsWarnOfCommitsNotOnDisk(t *testing.T) {
+	dsn := pgtest.Require(t)
+	ctx := context.Background()
+	d, err := openStore(t, testPool(t, dsn, 2), postgres.Options{CreateTable: true, Table: pgtest.Table(t, dsn)}).Facts(ctx)
+	if d.Fsync == "" {
+		t.Fatalf("facts lack fsync: %+v", d)
+	}
+	if d.Fsync == "on" && d.SynchronousCommit != "off" && err != nil {
+		t.Fatalf("Facts on a server that keeps its commits: %v, want no warning", err)
+	}
+	lax, name := pgtest.Database(t, dsn)
+	pgtest.Exec(t, dsn, `ALTER DATABASE `+pgx.Identifier{name}.Sanitize()+` SET synchronous_commit = off`)
+	d, err = openStore(t, testPool(t, lax, 2), postgres.Options{CreateTable: true}).Facts(ctx)
+	if d.SynchronousCommit != "off" || err == nil || storage.Unavailable(err) ||
+		!strings.Contains(err.Error(), "synchronous_commit is off") || !strings.Contains(err.Error(), "set it to on") {
+		t.Fatalf("Facts with synchronous_commit off: %+v, %v; want a warning (the store still works)", d, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/pgtest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/postgres"
 )
@@ -88,11 +90,13 @@ func renewBatch(s *postgres.Store, batch []storage.Renewal) <-chan error {
 	return done
 }
 
-// TestRenewBatchRenewsTenThousandLeasesInOneRoundTrip: the leases of ten
+// TestRenewBatchRenewsTenThousandLeasesInChunks: the leases of ten
 // thousand running requests (lapsed, but nobody took them over) are
-// renewed by one statement in one pipeline, counted by the store and seen
-// on the wire: what renewals cost does not grow with the leases.
-func TestRenewBatchRenewsTenThousandLeasesInOneRoundTrip(t *testing.T) {
+// renewed by one statement per chunk of postgres.RenewChunk leases, one
+// pipeline and one commit each, counted by the store and seen on the
+// wire: what renewals cost grows with the leases by a round trip per
+// chunk, and a slow batch renews part of its leases rather than none.
+func TestRenewBatchRenewsTenThousandLeasesInChunks(t *testing.T) {
 	const n = 10000
 	dsn := pgtest.Require(t)
 	cfg, err := pgxpool.ParseConfig(dsn)
@@ -117,11 +121,12 @@ func TestRenewBatchRenewsTenThousandLeasesInOneRoundTrip(t *testing.T) {
 			t.Fatalf("lease %d of %d: %v, want renewed", i+1, n, r.Err)
 		}
 	}
-	if got := s.RenewalRoundTrips() - roundTrips; got != 1 {
-		t.Errorf("RenewBatch of %d leases took %d round trips, want 1", n, got)
+	chunks := int64((n + postgres.RenewChunk - 1) / postgres.RenewChunk)
+	if got := s.RenewalRoundTrips() - roundTrips; got != chunks {
+		t.Errorf("RenewBatch of %d leases took %d round trips, want %d", n, got, chunks)
 	}
-	if got := tr.pipelines.Load() - pipelines; got != 1 {
-		t.Errorf("RenewBatch of %d leases sent the renewal in %d pipelines, want 1", n, got)
+	if got := tr.pipelines.Load() - pipelines; got != chunks {
+		t.Errorf("RenewBatch of %d leases sent the renewal in %d pipelines, want %d", n, got, chunks)
 	}
 	if got := leasesLongerThan(t, dsn, s, "many", 50*time.Minute); got != n {
 		t.Errorf("%d leases of %d run for most of the hour asked, want all", got, n)
@@ -129,10 +134,11 @@ func TestRenewBatchRenewsTenThousandLeasesInOneRoundTrip(t *testing.T) {
 }
 
 // TestRenewBatchPassesOverALockedRow: one lease's row is held by an outside
-// transaction. RenewBatch does not wait for it: it returns while the row is
-// still held, with that lease alone busy (not renewed, not lost) and every
-// other renewed, in one round trip; once the row is let go, the busy lease
-// is renewed on the next call.
+// transaction. RenewBatch does not wait for it: it returns, after the lock
+// wait, while the row is still held, with that lease alone busy (not
+// renewed, not lost) and every other renewed, in one round trip and the
+// waiting renewal's, which goes on waiting for the row; once the row is
+// let go, the busy lease is renewed.
 func TestRenewBatchPassesOverALockedRow(t *testing.T) {
 	dsn := pgtest.Require(t)
 	s := newStore(t, postgres.Options{})
@@ -159,8 +165,8 @@ func TestRenewBatchPassesOverALockedRow(t *testing.T) {
 			t.Errorf("lease %d: %v, want renewed", i, r.Err)
 		}
 	}
-	if got := s.RenewalRoundTrips() - roundTrips; got != 1 {
-		t.Errorf("RenewBatch took %d round trips, want 1", got)
+	if got := s.RenewalRoundTrips() - roundTrips; got != 2 {
+		t.Errorf("RenewBatch took %d round trips, want 2 (the batch, the waiting renewal)", got)
 	}
 	if got := leasesLongerThan(t, dsn, s, "locked", 50*time.Minute); got != 4 {
 		t.Errorf("%d leases renewed, want the 4 whose rows were free", got)
@@ -213,4 +219,156 @@ func TestRenewBatchDoesNotWaitForTheStorePool(t *testing.T) {
 	if got := leasesLongerThan(t, dsn, s, "exhausted", 50*time.Minute); got != 1 {
 		t.Fatalf("the lease was not renewed")
 	}
+}
+
+// TestCloseEndsAWaitingRenewal: a lease's row held by an outside
+// transaction leaves a waiting renewal on a connection of the renewal
+// pool, for up to the lease (an hour here); Close does not wait for it.
+func TestCloseEndsAWaitingRenewal(t *testing.T) {
+	dsn := pgtest.Require(t)
+	s := newStore(t, postgres.Options{})
+	if _, err := s.Get(t.Context(), storage.Key{Scope: "closing", ID: "0"}, false); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("creating the table: %v", err)
+	}
+	batch := insertLeases(t, dsn, s, "closing", 2, time.Hour)
+	_, still := holdRow(t, dsn, s, batch[0].Key)
+	if err := receive(t, renewBatch(s, batch), "RenewBatch with a row held by another transaction"); err != nil {
+		t.Fatalf("RenewBatch: %v", err)
+	}
+	if !errors.Is(batch[0].Err, storage.ErrBusy) {
+		t.Fatalf("the lease whose row is held: %v, want ErrBusy (its waiting renewal goes on)", batch[0].Err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	if err := receive(t, closed, "Close with a waiting renewal"); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if !still() {
+		t.Fatal("the outside transaction no longer holds its row")
+	}
+}
+
+// TestAnOutsideLockNeverOpensAGapForATakeover is the review's finding: an
+// outside transaction holds the row of a running request's lease for
+// longer than the lease. The owner's renewals wait for the row, but each
+// waiting renewal gave up after a lease, and the next began only at the
+// owner's next tick: a lock let go in between left a lapsed lease that no
+// renewal was queued for, and another instance's reserve took it over
+// while the request still ran (2 executions). Now the owner's waiting
+// renewal stays queued on the row as long as the owner asks for the
+// lease: this test looks for a moment with no renewal waiting on the row
+// (it lets the lock go then, and the other instance's reserve must not
+// take the key over).
+func TestAnOutsideLockNeverOpensAGapForATakeover(t *testing.T) {
+	dsn := pgtest.Require(t)
+	table := pgtest.Table(t, dsn)
+	owner := newStore(t, postgres.Options{Table: table})
+	other := newStore(t, postgres.Options{Table: table})
+	ctx := t.Context()
+	key := storage.Key{Scope: "gap", ID: "k"}
+	const lease = 400 * time.Millisecond
+	res, err := owner.Reserve(ctx, key, fpA, lease)
+	if err != nil || res.Outcome != storage.Acquired {
+		t.Fatalf("reserve: %+v, %v", res, err)
+	}
+	release, _ := holdRow(t, dsn, owner, key)
+
+	// The owner's renewer: a tick a third of the lease, as the handler's.
+	defer renewEvery(owner, lease/3, func() []storage.Renewal {
+		return []storage.Renewal{{Key: key, Token: res.Token, Lease: lease}}
+	})()
+
+	probe, err := pgx.Connect(ctx, dsn)
+	ok(t, err)
+	defer probe.Close(context.Background())
+	waiting := func() int {
+		var n int
+		ok(t, probe.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%'||$1||'%'`, table).Scan(&n))
+		return n
+	}
+	// Until a renewal waits on the row, then, for several leases, a moment
+	// when none does.
+	testutil.Eventually(t, 10*time.Second, "the owner's renewal to wait on the held row", func() bool { return waiting() > 0 })
+	gap := false
+	for deadline := time.Now().Add(6 * lease); time.Now().Before(deadline) && !gap; time.Sleep(5 * time.Millisecond) {
+		gap = waiting() == 0
+	}
+	release()
+	got, err := other.Reserve(ctx, key, fpA, lease)
+	if err == nil && got.Outcome == storage.Acquired {
+		t.Fatalf("the other instance took the running request's key over once the outside lock went (a gap with no renewal waiting: %v)", gap)
+	}
+	if gap {
+		t.Errorf("a moment came with no renewal waiting on the held row of a lease its owner still asked for")
+	}
+}
+
+// TestASecondOutsideLockNeverOpensAGapForATakeover is a review finding:
+// TestAnOutsideLockNeverOpensAGapForATakeover with a second row. While
+// the owner's waiting renewal is queued on the first held row (and stays
+// queued as long as the owner asks), an outside transaction holds the
+// row of a second lease of the same owner. When only one waiting renewal
+// ran at a time, the second lease was answered busy at every tick and
+// never queued on its row: it lapsed under the lock, and when the lock
+// went another instance's reserve took the key over while the owner's
+// request still ran. It gets a waiting renewal of its own now.
+func TestASecondOutsideLockNeverOpensAGapForATakeover(t *testing.T) {
+	dsn := pgtest.Require(t)
+	table := pgtest.Table(t, dsn)
+	owner := newStore(t, postgres.Options{Table: table})
+	other := newStore(t, postgres.Options{Table: table})
+	ctx := t.Context()
+	first, second := storage.Key{Scope: "gap2", ID: "a"}, storage.Key{Scope: "gap2", ID: "b"}
+	const lease = 400 * time.Millisecond
+	var tokens [2]storage.Token
+	for i, k := range []storage.Key{first, second} {
+		res, err := owner.Reserve(ctx, k, fpA, lease)
+		if err != nil || res.Outcome != storage.Acquired {
+			t.Fatalf("reserve %v: %+v, %v", k, res, err)
+		}
+		tokens[i] = res.Token
+	}
+	holdRow(t, dsn, owner, first)
+
+	// The owner's renewer, both leases in one batch per tick.
+	defer renewEvery(owner, lease/3, func() []storage.Renewal {
+		return []storage.Renewal{{Key: first, Token: tokens[0], Lease: lease}, {Key: second, Token: tokens[1], Lease: lease}}
+	})()
+
+	probe, err := pgx.Connect(ctx, dsn)
+	ok(t, err)
+	defer probe.Close(context.Background())
+	testutil.Eventually(t, 10*time.Second, "the owner's renewal to wait on the first held row", func() bool {
+		var n int
+		ok(t, probe.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%'||$1||'%'`, table).Scan(&n))
+		return n > 0
+	})
+	release, _ := holdRow(t, dsn, owner, second)
+	time.Sleep(4 * lease)
+	var left time.Duration
+	ok(t, probe.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - clock_timestamp())*1e9 FROM `+table+` WHERE scope = $1 AND key = $2`, second.Scope, second.ID).Scan(&left))
+	release()
+	got, err := other.Reserve(ctx, second, fpA, lease)
+	t.Logf("second's lease left under the lock: %v; the reserve: %+v %v", left, got.Outcome, err)
+	if err == nil && got.Outcome == storage.Acquired {
+		t.Fatal("the other instance took the running request's second key over once its outside lock went")
+	}
+}
+
+// renewEvery renews the leases batch makes on s every period, as a
+// handler's renewer does, until the function it returns is called.
+func renewEvery(s *postgres.Store, every time.Duration, batch func() []storage.Renewal) (stop func()) {
+	done := make(chan struct{})
+	var ticks sync.WaitGroup
+	ticks.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(every):
+			}
+			s.RenewBatch(context.Background(), batch())
+		}
+	})
+	return func() { close(done); ticks.Wait() }
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -67,8 +68,27 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 			return failed(err)
 		}
 		var row existingRow
-		item := &batchItem{sql: s.sql.reserve, args: []any{key.Scope, key.ID, fp, int64(tok), micros(lease)}, order: key.Scope + "\x00" + key.ID,
-			read: func(br pgx.BatchResults) error { return br.QueryRow().Scan(row.reserveDest()...) }}
+		order := key.Scope + "\x00" + key.ID
+		item := &batchItem{sql: s.sql.reserve, args: []any{key.Scope, key.ID, fp, int64(tok), micros(lease), !s.lockedSeen.holds(order)}, order: order}
+		item.answer = &row
+		item.follow = func(leader *batchItem) bool { return row.follow(leader, fp) }
+		item.read = func(br pgx.BatchResults) error {
+			if err := br.QueryRow().Scan(row.reserveDest()...); err != nil {
+				return err
+			}
+			switch row.kind {
+			case kindLocked:
+				// Sent again (batch.go) until the row is let go, and
+				// then it does not take a lapsed lease over.
+				s.lockedAnswers.Add(1)
+				s.lockedSeen.saw(order, lease/takeoverHoldOff)
+				item.args[5] = false
+				return errRowLocked
+			case kindHeldOff:
+				return errHeldOff
+			}
+			return nil
+		}
 		// The statement goes after the guard (batch.go), which bounds its
 		// wait for a row another transaction holds: then its error wraps
 		// storage.ErrBusy, and the call ends.
@@ -86,9 +106,29 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 		} else {
 			err = s.alone(ctx, item)
 		}
+		err = s.waitedFor("reserve", err)
 		switch {
-		case err == nil && row.acquired:
+		case errors.Is(err, errHeldOff):
+			return failed(fmt.Errorf("%w: the key's lapsed lease was locked by another transaction a moment ago; "+
+				"it is not taken over while its owner's renewal may land", storage.ErrBusy))
+		case err == nil && row.kind == kindAcquired:
 			return storage.Reservation{Outcome: storage.Acquired, Token: tok}, nil
+		case errors.Is(err, storage.ErrNotReplicated) && row.kind == kindAcquired:
+			// Committed on the primary alone: the reservation holds the
+			// key there, for a caller that would otherwise go on without
+			// the store (storage.ErrNotReplicated); others release it.
+			// (err is asked first: the batch of a statement whose caller
+			// gave up may still be reading into row; one that was not
+			// replicated was read whole.)
+			return storage.Reservation{Outcome: storage.Acquired, Token: tok}, s.fail(ctx, "reserve", err)
+		case errors.Is(err, storage.ErrNotReplicated) && row.kind == kindLive:
+			// A record that was there before: a replay, a conflict or a
+			// mismatch changes nothing, and must not wait on a standby
+			// that is cut off (the commit waited for the lock the
+			// statement took, or for another reserve of the batch).
+			// Failed, the caller would go on without the store under
+			// fail_open and run a completed request again.
+			return s.answer(ctx, &row, fp)
 		case err == nil:
 			return s.answer(ctx, &row, fp)
 		case retryable(err):
@@ -118,6 +158,71 @@ func (s *Store) Reserve(ctx context.Context, key storage.Key, fp []byte, lease t
 	return storage.Reservation{Token: tok}, fmt.Errorf("postgres reserve: the key changed hands %d times during one reservation", maxReserveAttempts)
 }
 
+// The kinds of answer of the reserve statement (its first column).
+const (
+	kindLive     = 0 // the live row, described
+	kindAcquired = 1 // the caller acquired the key
+	kindLocked   = 2 // the row is not live, and another transaction holds it
+	kindHeldOff  = 3 // a lapsed lease whose row the store found locked a moment ago
+)
+
+// errHeldOff is the reserve statement's answer kindHeldOff.
+var errHeldOff = errors.New("postgres: takeover held off")
+
+// takeoverHoldOff: a lapsed lease whose row a reserve found locked is not
+// taken over, by this store, until lease/takeoverHoldOff after the last
+// time it found it so (lease being the reserving request's own), a
+// renewal cadence (a tenth of the lease) and more: when an outside lock
+// that outlived the lease goes, the owner's renewal, which waits for the
+// row (renew.go), or else its next one, lands first.
+const takeoverHoldOff = 4
+
+// lockedKeys remembers, for a while, the keys whose row a reserve found
+// locked (see takeoverHoldOff). It holds at most maxLockedKeys.
+type lockedKeys struct {
+	mu    sync.Mutex
+	until map[string]time.Time
+}
+
+// maxLockedKeys bounds lockedKeys: past it, a key found locked is not
+// remembered (its takeover is then held off by the owner's waiting
+// renewal alone).
+const maxLockedKeys = 4096
+
+// saw notes that key's row was found locked now, and holds off its
+// takeover for d.
+func (l *lockedKeys) saw(key string, d time.Duration) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.until == nil {
+		l.until = make(map[string]time.Time)
+	}
+	if len(l.until) >= maxLockedKeys {
+		for k, t := range l.until {
+			if !t.After(now) {
+				delete(l.until, k)
+			}
+		}
+		if len(l.until) >= maxLockedKeys {
+			return
+		}
+	}
+	l.until[key] = now.Add(d)
+}
+
+// holds reports whether the takeover of key is held off now.
+func (l *lockedKeys) holds(key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t, ok := l.until[key]
+	if ok && !t.After(time.Now()) {
+		delete(l.until, key)
+		return false
+	}
+	return ok
+}
+
 // countRetry counts a Reserve round rolled back for err, a retryable
 // error.
 func (s *Store) countRetry(err error) {
@@ -138,11 +243,36 @@ func (s *Store) answer(ctx context.Context, r *existingRow, fp []byte) (storage.
 	return res, nil
 }
 
+// follow fills r, a reserve's answer for fingerprint fp, from the
+// committed answer of the reserve of the same key that went just before
+// it (leader: see batchItem.follow), when that answer is what the
+// statement would have met: with the same fingerprint, the live record
+// the leader found (a replay, a conflict, a mismatch), or, where the
+// leader acquired the key, its reservation in flight (a conflict). Any
+// other answer (locked, taken over on a lapse, the visibility gap) and
+// another fingerprint send the statement.
+func (r *existingRow) follow(leader *batchItem, fp []byte) bool {
+	lr, ok := leader.answer.(*existingRow)
+	if !ok || !bytes.Equal(leader.args[2].([]byte), fp) {
+		return false
+	}
+	switch lr.kind {
+	case kindLive:
+		*r = *lr
+	case kindAcquired:
+		lease := time.Duration(leader.args[4].(int64)) * time.Microsecond
+		*r = existingRow{kind: kindLive, same: true, state: stateInFlight, created: lr.created, expires: lr.created.Add(lease)}
+	default:
+		return false
+	}
+	return true
+}
+
 // existingRow is a live record as the reserve and lookup statements
 // describe it (see the existing column list), or, from reserve, the news
-// that the caller acquired the key.
+// that the caller acquired the key, or that the row was locked (kind).
 type existingRow struct {
-	acquired    bool
+	kind        int16
 	same        bool
 	state       int16
 	created     time.Time
@@ -159,9 +289,10 @@ func (r *existingRow) dest() []any {
 	return []any{&r.same, &r.state, &r.created, &r.expires, &r.status, &r.headers, &r.body, &r.bodyOmitted, &r.detail}
 }
 
-// reserveDest lists where reserve's columns go: acquired, then lookup's.
+// reserveDest lists where reserve's columns go: the kind of answer, then
+// lookup's.
 func (r *existingRow) reserveDest() []any {
-	return []any{&r.acquired, &r.same, &r.state, &r.created, &r.expires, &r.status, &r.headers, &r.body, &r.bodyOmitted, &r.detail}
+	return []any{&r.kind, &r.same, &r.state, &r.created, &r.expires, &r.status, &r.headers, &r.body, &r.bodyOmitted, &r.detail}
 }
 
 // reservation answers a Reserve that found the live record r. The
@@ -184,11 +315,12 @@ func (r *existingRow) reservation(fp []byte) (storage.Reservation, error) {
 		// No token: a competing caller never learns the owner's lease.
 		rec.State = storage.InFlight
 		return storage.Reservation{Outcome: storage.Conflict, Record: rec}, nil
-	case stateCompleted:
+	case stateCompleted, stateOutcomeUnknown:
 		resp, err := response(r.status, r.headers, r.body, r.bodyOmitted)
 		if err != nil {
 			return storage.Reservation{}, err
 		}
+		resp.OutcomeUnknown = r.state == stateOutcomeUnknown
 		rec.State = storage.Completed
 		rec.Response = resp
 		if len(r.detail) > 0 {

@@ -79,5 +79,6 @@ func (s *Store) execOnce(ctx context.Context, sql string, args ...any) (pgconn.C
 		return pgconn.CommandTag{}, err
 	}
 	defer c.Release()
-	return c.Exec(ctx, sql, args...)
+	tag, err := c.Exec(ctx, sql, args...)
+	return tag, replicated(c, err)
 }

@@ -7,10 +7,14 @@ import (
 	"time"
 )
 
-// Record states as stored in the state column.
+// Record states as stored in the state column. A record whose outcome
+// is unknown (storage.Response.OutcomeUnknown) is a completed record of a
+// state of its own, so that a store of an earlier version refuses it
+// ("state 3": storage.ErrCorrupt) rather than replay it as a response.
 const (
-	stateInFlight  = 1
-	stateCompleted = 2
+	stateInFlight       = 1
+	stateCompleted      = 2
+	stateOutcomeUnknown = 3
 )
 
 // statements holds the SQL of every operation, with the table name
@@ -23,9 +27,12 @@ const (
 // now(): instances with skewed clocks still agree on what has expired.
 type statements struct {
 	guard, renewBatch, asyncCommit            string
+	setLockTimeout                            string
 	reserve, lookup                           string
 	complete, release, renew, get, delete     string
+	confirm                                   string
 	getByHash, deleteByHash, listInFlight     string
+	listOutcomeUnknown, releaseOutcomeUnknown string
 	watch                                     string
 	cleanupBatch, tryCleanupLock, cleanupDone string
 	columns                                   string
@@ -48,8 +55,8 @@ const columnTypes = ` AND scope = ''::text AND key = ''::text AND fingerprint = 
 // mismatch or a conflict never ships a body.
 const existing = `e.fingerprint = $3 AS same, e.state, e.created_at, e.expires_at,
 	COALESCE(e.status, 0) AS status,
-	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.headers END AS headers,
-	CASE WHEN e.fingerprint = $3 AND e.state = 2 THEN e.body END AS body,
+	CASE WHEN e.fingerprint = $3 AND e.state <> 1 THEN e.headers END AS headers,
+	CASE WHEN e.fingerprint = $3 AND e.state <> 1 THEN e.body END AS body,
 	e.body_omitted, e.detail`
 
 // keyHash is a row's storage.Key.Hash, as bytes.
@@ -60,6 +67,12 @@ const keyHash = `substring(sha256(
 
 // byHash is the condition of getByHash and deleteByHash.
 const byHash = keyHash + ` = $1`
+
+// renewWait is renewBatch for the leases whose rows were locked: it waits
+// for each row in turn (see Store.RenewBatch).
+func (st statements) renewWait() string {
+	return strings.Replace(st.renewBatch, "FOR NO KEY UPDATE SKIP LOCKED) e", "FOR NO KEY UPDATE) e", 1)
+}
 
 func newStatements(table string, lockWait time.Duration) statements {
 	q := func(s string) string { return strings.ReplaceAll(s, "{table}", table) }
@@ -97,6 +110,9 @@ SELECT set_config('lock_timeout', '%dms', true)`, lockTimeoutMillis(lockWait))),
 		// however many rows the table holds. It answers one row per lease:
 		// its ordinal and 0 (renewed), 1 (lost: no row holds the token) or
 		// 2 (busy: the row holds the token but was locked).
+		// A lease runs from when its row is renewed (clock_timestamp), not
+		// from when the transaction began: a waiting renewal (renewWait)
+		// may have waited for its row for longer than the lease.
 		renewBatch: q(`WITH req AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS r(scope, key, token, lease, i)
 ), locked AS (
@@ -105,7 +121,7 @@ SELECT set_config('lock_timeout', '%dms', true)`, lockTimeoutMillis(lockWait))),
 		WHERE e.scope = req.scope AND e.key = req.key AND e.state = 1 AND e.token = req.token
 		FOR NO KEY UPDATE SKIP LOCKED) e
 ), renewed AS (
-	UPDATE {table} t SET expires_at = now() + l.lease * interval '1 microsecond'
+	UPDATE {table} t SET expires_at = clock_timestamp() + l.lease * interval '1 microsecond'
 	FROM (SELECT req.scope, req.key, req.token, max(req.lease) AS lease
 		FROM locked JOIN req USING (i) GROUP BY req.scope, req.key, req.token) l
 	WHERE t.scope = l.scope AND t.key = l.key AND t.state = 1 AND t.token = l.token
@@ -121,6 +137,8 @@ LEFT JOIN {table} e
 		// asyncCommit goes before renewBatch, in the same transaction: a
 		// renewal does not wait for its WAL flush (see Store.RenewBatch).
 		asyncCommit: `SELECT set_config('synchronous_commit', 'off', true)`,
+		// setLockTimeout bounds a waiting renewal's wait for each row.
+		setLockTimeout: `SELECT set_config('lock_timeout', $1, true)`,
 
 		// The live row, if the statement's snapshot shows one, answers at
 		// once and nothing is written: a replay or a conflict is a
@@ -132,14 +150,33 @@ LEFT JOIN {table} e
 		// evaluates on the latest, locked version of the row. When the
 		// INSERT conflicts with a live row the snapshot did not show, the
 		// statement returns nothing: see Store.Reserve.
+		//
+		// A row that is there but not live is first locked with SKIP
+		// LOCKED (stale): a reserve never queues on a row another
+		// transaction holds (batch.go), and a takeover never waits for an
+		// outside lock to go, which would let it in before the owner's
+		// renewal, queued on the same lock (renew.go). Such a row answers
+		// "locked" (kind 2) and nothing is written. A lapsed lease is not
+		// taken over when $6 is false (the store found its row locked a
+		// moment ago, see Store.sawLocked): it answers "held off" (kind
+		// 3). The first column is the kind of answer: 0 the live row, 1
+		// acquired.
 		reserve: q(`WITH live AS (
 	SELECT ` + existing + `
 	FROM {table} e
 	WHERE e.scope = $1 AND e.key = $2 AND e.expires_at > now()
+), stale AS (
+	SELECT e.state, NOT EXISTS (
+		SELECT FROM {table} f WHERE f.scope = $1 AND f.key = $2 FOR NO KEY UPDATE SKIP LOCKED) AS locked
+	FROM {table} e
+	WHERE e.scope = $1 AND e.key = $2 AND NOT EXISTS (SELECT FROM live)
+), refused AS (
+	SELECT CASE WHEN locked THEN 2 ELSE 3 END::smallint AS kind
+	FROM stale WHERE locked OR (state = 1 AND NOT $6::bool)
 ), taken AS (
 	INSERT INTO {table} AS r (scope, key, fingerprint, state, token, created_at, expires_at)
 	SELECT $1::text, $2::text, $3::bytea, 1, $4::bigint, now(), now() + $5::bigint * interval '1 microsecond'
-	WHERE NOT EXISTS (SELECT FROM live)
+	WHERE NOT EXISTS (SELECT FROM live) AND NOT EXISTS (SELECT FROM refused)
 	ON CONFLICT (scope, key) DO UPDATE SET
 		fingerprint = excluded.fingerprint, state = 1, token = excluded.token,
 		status = NULL, headers = NULL, body = NULL, body_omitted = false, detail = NULL,
@@ -147,9 +184,11 @@ LEFT JOIN {table} e
 	WHERE r.expires_at <= now()
 	RETURNING 1
 )
-SELECT true, true, 1::smallint, now(), now(), 0, NULL::bytea, NULL::bytea, false, NULL::bytea FROM taken
+SELECT 1::smallint, true, 1::smallint, now(), now(), 0, NULL::bytea, NULL::bytea, false, NULL::bytea FROM taken
 UNION ALL
-SELECT false, live.* FROM live`),
+SELECT 0::smallint, live.* FROM live
+UNION ALL
+SELECT kind, false, 0::smallint, now(), now(), 0, NULL::bytea, NULL::bytea, false, NULL::bytea FROM refused`),
 
 		// lookup is reserve's live row on its own, read in a new statement
 		// (hence a new snapshot) when reserve returned no row.
@@ -159,11 +198,30 @@ WHERE e.scope = $1 AND e.key = $2 AND e.expires_at > now()`),
 
 		// Complete, Release and Renew name the lease by its token (fencing)
 		// and ignore expiry: a lapsed lease that nobody took over is still
-		// its owner's.
-		complete: q(`UPDATE {table} SET state = 2, token = 0,
-	status = $4, headers = $5, body = $6, body_omitted = $7,
-	expires_at = now() + $8::bigint * interval '1 microsecond', detail = $9
-WHERE scope = $1 AND key = $2 AND state = 1 AND token = $3`),
+		// its owner's. A completed row keeps its lease's token, so that the
+		// completion sent again finds its own record (see confirm).
+		//
+		// complete is batched (batch.go), and so never waits for a row
+		// another transaction holds: it locks the lease's row with SKIP
+		// LOCKED first, and answers whether it completed the lease and,
+		// if not, whether the row was locked (the lease may still be its
+		// own: it tries again) rather than gone.
+		complete: q(`WITH locked AS (
+	SELECT FROM {table} e
+	WHERE e.scope = $1 AND e.key = $2 AND e.state = 1 AND e.token = $3 AND NOT EXISTS (
+		SELECT FROM {table} f WHERE f.scope = $1 AND f.key = $2 FOR NO KEY UPDATE SKIP LOCKED)
+), done AS (
+	UPDATE {table} SET state = $10::smallint,
+		status = $4, headers = $5, body = $6, body_omitted = $7,
+		expires_at = now() + $8::bigint * interval '1 microsecond', detail = $9
+	WHERE scope = $1 AND key = $2 AND state = 1 AND token = $3 AND NOT EXISTS (SELECT FROM locked)
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM done), EXISTS (SELECT FROM locked)`),
+		// confirm rewrites, unchanged, the row a lease completed: a commit
+		// of its own, which waits for a synchronous standby as the
+		// completion's did (see Store.confirm).
+		confirm: q(`UPDATE {table} SET token = token WHERE scope = $1 AND key = $2 AND state <> 1 AND token = $3`),
 		release: q(`DELETE FROM {table} WHERE scope = $1 AND key = $2 AND state = 1 AND token = $3`),
 		renew: q(`UPDATE {table} SET expires_at = now() + $4::bigint * interval '1 microsecond'
 WHERE scope = $1 AND key = $2 AND state = 1 AND token = $3`),
@@ -183,11 +241,11 @@ FROM {table} WHERE scope = $1 AND key = $2 AND expires_at > now()`),
 WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM {table}
 	WHERE expires_at <= now()
-		AND (state = 2 OR expires_at <= now() - $1::bigint * interval '1 microsecond')
+		AND (state <> 1 OR expires_at <= now() - $1::bigint * interval '1 microsecond')
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED))
 	AND expires_at <= now()
-	AND (state = 2 OR expires_at <= now() - $1::bigint * interval '1 microsecond')`),
+	AND (state <> 1 OR expires_at <= now() - $1::bigint * interval '1 microsecond')`),
 		// The rows whose key's Hash (storage.Key.Hash) is $1: the first
 		// 8 bytes of SHA-256 over the scope's length as a uvarint, the
 		// scope and the key, computed for every live row (a scan, for
@@ -203,6 +261,15 @@ FROM {table} WHERE expires_at > now() AND ` + byHash),
 	SELECT encode(` + keyHash + `, 'hex') AS kh, fingerprint, token, created_at, expires_at
 	FROM {table} WHERE state = 1 AND expires_at > now()) r
 WHERE kh COLLATE "C" > $1 ORDER BY kh COLLATE "C" LIMIT $2`),
+
+		// The outcome-unknown rows, by key hash, as listInFlight lists,
+		// and the delete of those of one key hash ($1) that are still
+		// outcome-unknown: the condition is on the row the DELETE locks.
+		listOutcomeUnknown: q(`SELECT kh, fingerprint, created_at, expires_at, COALESCE(status, 0), headers FROM (
+	SELECT encode(` + keyHash + `, 'hex') AS kh, fingerprint, created_at, expires_at, status, headers
+	FROM {table} WHERE state = 3 AND expires_at > now()) r
+WHERE kh COLLATE "C" > $1 ORDER BY kh COLLATE "C" LIMIT $2`),
+		releaseOutcomeUnknown: q(`DELETE FROM {table} WHERE state = 3 AND expires_at > now() AND ` + byHash),
 
 		// What a waiter's poller reads (see wait.go): the state, the
 		// lease's token and the microseconds it has left, rounded up (so

@@ -231,9 +231,15 @@ func (s *Store) look(ctx context.Context, key storage.Key) (*flight, error) {
 		f     flight
 		left  int64
 	)
+	select {
+	case s.polls <- struct{}{}:
+	case <-ctx.Done():
+		return nil, s.fail(ctx, "wait", ctx.Err())
+	}
 	err := retry(ctx, func() error {
 		return s.queryRow(ctx, []any{&state, &f.token, &left}, s.sql.watch, key.Scope, key.ID)
 	})
+	<-s.polls
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil

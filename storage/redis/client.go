@@ -6,10 +6,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -17,8 +20,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/redact"
 )
 
 // Client defaults, for ClientOptions fields left zero.
@@ -37,6 +40,20 @@ const (
 const (
 	MinTimeout = 10 * time.Millisecond
 	MaxTimeout = time.Minute
+)
+
+// The module's bounds on go-redis's pool and buffer sizes, from the
+// pool_size option and the URL's parameters alike. go-redis panics on a
+// negative size (it makes channels of that many), and fills a semaphore
+// with one token per connection of the pool before the client is
+// returned: pool_size 2147483647 held Caddy's start-up for minutes, and a
+// size above an int32 panics. MaxPoolSize is Redis's own default
+// maxclients: a pool that could open more than a server accepts is a
+// typo.
+const (
+	MaxPoolSize   = 10000
+	MaxBufferSize = 16 << 20 // pipeline_read_buffer_size, pipeline_write_buffer_size
+	MaxRetries    = 100      // max_retries; each is bounded by timeout besides
 )
 
 // ClientOptions describe the Redis deployment a Store talks to: a single
@@ -138,8 +155,8 @@ func (o ClientOptions) Check() error {
 		return opterr.New(errors.New("redis storage: sentinel_username needs master_name"), "sentinel_username", "master_name")
 	case o.MasterName == "" && o.SentinelPassword != "":
 		return opterr.New(errors.New("redis storage: sentinel_password needs master_name"), "sentinel_password", "master_name")
-	case o.PoolSize < 0:
-		return opterr.Errorf("pool_size", "redis storage: pool_size must be positive, got %d", o.PoolSize)
+	case o.PoolSize < 0 || o.PoolSize > MaxPoolSize:
+		return opterr.Errorf("pool_size", "redis storage: pool_size must be between 1 and %d, got %d", MaxPoolSize, o.PoolSize)
 	case o.DialTimeout != 0 && o.DialTimeout < MinTimeout:
 		return opterr.Errorf("dial_timeout", "redis storage: dial_timeout must be at least %v, got %v", MinTimeout, o.DialTimeout)
 	case o.DialTimeout > MaxTimeout:
@@ -156,7 +173,29 @@ func (o ClientOptions) Check() error {
 		return opterr.New(err, "addresses")
 	}
 	if o.URL != "" {
-		return CheckURL(o.url(), o.Username != "", o.Password != "")
+		if err := CheckURL(o.url(), o.Username != "", o.Password != ""); err != nil {
+			return err
+		}
+		return o.checkIdleConns()
+	}
+	return nil
+}
+
+// checkIdleConns checks the URL's min_idle_conns against the pool it is
+// part of: the pool_size option, else the URL's (CheckURL checked both).
+func (o ClientOptions) checkIdleConns() error {
+	parsed, err := url.Parse(o.url())
+	if err != nil {
+		return nil // CheckURL said so
+	}
+	q := parsed.Query()
+	poolSize := o.PoolSize
+	if poolSize == 0 {
+		poolSize, _ = strconv.Atoi(lastValue(q, "pool_size"))
+	}
+	minIdle, _ := strconv.Atoi(lastValue(q, "min_idle_conns"))
+	if poolSize > 0 && minIdle > poolSize {
+		return opterr.Errorf("url", "redis storage: url parameter min_idle_conns (%d) must not be more than the pool's size (%d)", minIdle, poolSize)
 	}
 	return nil
 }
@@ -176,11 +215,14 @@ func CheckURL(u string, hasUsername, hasPassword bool) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return opterr.Errorf("url", "redis storage: invalid url: %s", redact.Scrub(err.Error(), redact.Secrets(u)))
+		return opterr.Errorf("url", "redis storage: invalid url: %s", withheld(err, u))
+	}
+	if err := checkParams(parsed.Query()); err != nil {
+		return opterr.New(errors.New(redact.Scrub(err.Error(), redact.Secrets(u))), "url")
 	}
 	if _, err := goredis.ParseURL(u); err != nil {
 		// go-redis quotes parts of the URL (its path, a query value).
-		return opterr.Errorf("url", "redis storage: invalid url: %s", redact.Scrub(err.Error(), redact.Secrets(u)))
+		return opterr.Errorf("url", "redis storage: invalid url: %s", withheld(err, u))
 	}
 	if parsed.Scheme != "unix" && parsed.Hostname() == "" {
 		return opterr.New(errors.New("redis storage: invalid url: no host"), "url")
@@ -194,6 +236,134 @@ func CheckURL(u string, hasUsername, hasPassword bool) error {
 		}
 	}
 	return nil
+}
+
+// quoted is a quoted part of an error message.
+var quoted = regexp.MustCompile(`"[^"]*"|%[0-9A-Za-z]{0,2}`)
+
+// withheld is err's message about the URL u without what it quotes of u,
+// which may be part of a password even where u does not parse as holding
+// one (a '%' in a password, not escaped, is an escape error quoting the
+// characters after it), and scrubbed of the passwords u holds.
+func withheld(err error, u string) string {
+	var escape url.EscapeError
+	if errors.As(err, &escape) {
+		return "a '%' is not followed by two hexadecimal digits (write a '%' in a password as %25; the url is not quoted: it may hold a password)"
+	}
+	return quoted.ReplaceAllString(redact.Scrub(err.Error(), redact.Secrets(u)), `"(withheld)"`)
+}
+
+// lastValue is the value of the parameter name as go-redis reads it: the
+// last one given.
+func lastValue(q url.Values, name string) string {
+	if vs := q[name]; len(vs) > 0 {
+		return vs[len(vs)-1]
+	}
+	return ""
+}
+
+// The parameters of a Redis URL that go-redis reads as numbers and
+// durations, with the range Check holds each to: go-redis accepts any
+// int, and panics on some (a negative pool_size, min_idle_conns,
+// max_concurrent_dials), hangs on others (a huge pool_size), or turns a
+// duration of zero or less into "none", which for a dial or a pool wait
+// means a deadline in the past (every request 503s). A duration of zero or
+// less is accepted where "none" means no limit (idle and lifetime limits,
+// retry backoffs).
+var (
+	intParams = []struct {
+		name   string
+		lo, hi int
+	}{
+		{"db", 0, math.MaxInt32},
+		{"pool_size", 0, MaxPoolSize},
+		{"min_idle_conns", 0, MaxPoolSize},
+		{"max_idle_conns", 0, MaxPoolSize},
+		{"max_active_conns", 0, MaxPoolSize},
+		{"max_concurrent_dials", 0, MaxPoolSize},
+		{"pipeline_pool_size", -1, MaxPoolSize}, // -1: no pipeline pool
+		{"pipeline_read_buffer_size", 0, MaxBufferSize},
+		{"pipeline_write_buffer_size", 0, MaxBufferSize},
+		{"max_retries", -1, MaxRetries}, // -1: no retries
+	}
+	durationParams = []struct {
+		name string
+		off  bool          // zero or less turns it off
+		max  time.Duration // 0: none
+	}{
+		{"dial_timeout", false, MaxTimeout},
+		{"pool_timeout", false, MaxTimeout},
+		{"conn_max_idle_time", true, 0},
+		{"idle_timeout", true, 0},
+		{"conn_max_lifetime", true, 0},
+		{"max_conn_age", true, 0},
+		{"conn_max_lifetime_jitter", true, 0},
+		{"min_retry_backoff", true, MaxTimeout},
+		{"max_retry_backoff", true, MaxTimeout},
+	}
+)
+
+// checkParams checks the query parameters of a Redis URL that go-redis
+// would accept but that cannot work, or are not used; the error names the
+// parameter. go-redis itself refuses the names it does not know.
+func checkParams(q url.Values) error {
+	for _, p := range intParams {
+		s := lastValue(q, p.name)
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < p.lo || n > p.hi {
+			return fmt.Errorf("redis storage: url parameter %s must be a whole number from %d to %d, got %q", p.name, p.lo, p.hi, s)
+		}
+	}
+	switch s := lastValue(q, "protocol"); s {
+	case "", "2", "3":
+	default:
+		return fmt.Errorf("redis storage: url parameter protocol must be 2 or 3, got %q", s)
+	}
+	for _, p := range durationParams {
+		s := lastValue(q, p.name)
+		if s == "" {
+			continue
+		}
+		d, ok := redisDuration(s)
+		switch {
+		case !ok:
+			return fmt.Errorf("redis storage: url parameter %s must be a duration (1s, 500ms) or a number of seconds, got %q", p.name, s)
+		case d <= 0 && p.off:
+		case d <= 0:
+			return fmt.Errorf("redis storage: url parameter %s must be positive, got %q (go-redis reads zero or less as no timeout, which fails every dial)", p.name, s)
+		case d < MinTimeout && !strings.Contains(p.name, "backoff"):
+			return fmt.Errorf("redis storage: url parameter %s must be at least %v, got %q", p.name, MinTimeout, s)
+		case p.max > 0 && d > p.max:
+			return fmt.Errorf("redis storage: url parameter %s must be at most %v, got %q", p.name, p.max, s)
+		}
+	}
+	for _, name := range []string{"read_timeout", "write_timeout"} {
+		if lastValue(q, name) != "" {
+			return fmt.Errorf("redis storage: url parameter %s is not used: the timeout option sets the read and write timeouts", name)
+		}
+	}
+	if s := lastValue(q, "client_name"); strings.IndexFunc(s, func(c rune) bool { return c <= ' ' || c > '~' }) >= 0 {
+		// Redis refuses CLIENT SETNAME with a space: every connection would fail.
+		return errors.New("redis storage: url parameter client_name must be printable ASCII without spaces")
+	}
+	return nil
+}
+
+// redisDuration reads a duration parameter as go-redis does: a whole
+// number of seconds, or a Go duration; ok is false for neither, or a
+// number of seconds that overflows a duration.
+func redisDuration(s string) (d time.Duration, ok bool) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n > int64(math.MaxInt64/time.Second) {
+			return 0, false
+		}
+		return time.Duration(n) * time.Second, true
+	}
+	d, err := time.ParseDuration(s)
+	return d, err == nil
 }
 
 // ParseAddresses splits and checks addresses: host:port, or redis:// or

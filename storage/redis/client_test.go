@@ -272,3 +272,101 @@ func TestCheckNeverQuotesAPartOfAPassword(t *testing.T) {
 		}
 	}
 }
+
+// A '%' in a password that is not followed by two hexadecimal digits is
+// an escape error, which net/url reports quoting the '%' and what follows
+// it: a part of the password (issue 39).
+func TestAnEscapeErrorQuotesNoPartOfThePassword(t *testing.T) {
+	for _, u := range []string{
+		"redis://:ab%zzsecret@127.0.0.1:6379/0",
+		"redis://app:ab%zsecret@127.0.0.1:6379/0",
+		"rediss://app:ab%@127.0.0.1:6379/0",
+		"redis://:ab%g1secret@127.0.0.1:6379/0?pool_size=2",
+	} {
+		err := redis.ClientOptions{URL: u}.Check()
+		if err == nil {
+			t.Errorf("%s: accepted", u)
+			continue
+		}
+		for _, part := range []string{"%z", "%g", "ab", "secret", "%@"} {
+			if strings.Contains(err.Error(), part) {
+				t.Errorf("%s: the error quotes %q: %v", u, part, err)
+			}
+		}
+		if !strings.Contains(err.Error(), "'%' is not followed by two hexadecimal digits") {
+			t.Errorf("%s: %v, want the reason", u, err)
+		}
+	}
+}
+
+// Every go-redis URL parameter that is a size or a duration is checked
+// before a client is built, and the refusal names it: go-redis accepts
+// any int, and panics on a negative pool size (makechan), fills a
+// semaphore of pool_size tokens (2147483647: start-up held for minutes),
+// and reads a duration of zero or less as none, which for a dial is a
+// deadline in the past (every request 503s).
+func TestURLParametersAreCheckedAndNamed(t *testing.T) {
+	for _, tt := range []struct {
+		query string
+		names string // "" when accepted
+	}{
+		{"pool_size=-5", "pool_size"},
+		{"pool_size=2147483647", "pool_size"},
+		{"pool_size=2147483648", "pool_size"},
+		{"pool_size=10001", "pool_size"},
+		{"pool_size=10000", ""},
+		{"pool_size=0", ""},
+		{"min_idle_conns=-1", "min_idle_conns"},
+		{"min_idle_conns=5&pool_size=2", "min_idle_conns"},
+		{"min_idle_conns=2&pool_size=2", ""},
+		{"max_idle_conns=-1", "max_idle_conns"},
+		{"max_active_conns=99999", "max_active_conns"},
+		{"max_concurrent_dials=-1", "max_concurrent_dials"},
+		{"pipeline_pool_size=-1", ""},
+		{"pipeline_pool_size=-2", "pipeline_pool_size"},
+		{"pipeline_read_buffer_size=2147483647", "pipeline_read_buffer_size"},
+		{"pipeline_write_buffer_size=-1", "pipeline_write_buffer_size"},
+		{"max_retries=-1", ""},
+		{"max_retries=-5", "max_retries"},
+		{"max_retries=101", "max_retries"},
+		{"db=-1", "db"},
+		{"db=x", "db"},
+		{"protocol=4", "protocol"},
+		{"protocol=2", ""},
+		{"dial_timeout=-1s", "dial_timeout"},
+		{"dial_timeout=0", "dial_timeout"},
+		{"dial_timeout=1ns", "dial_timeout"},
+		{"dial_timeout=2m", "dial_timeout"},
+		{"dial_timeout=9999999999999", "dial_timeout"},
+		{"dial_timeout=3", ""},
+		{"pool_timeout=-1", "pool_timeout"},
+		{"read_timeout=1s", "read_timeout"},
+		{"write_timeout=1s", "write_timeout"},
+		{"conn_max_idle_time=-1", ""},
+		{"conn_max_idle_time=1ns", "conn_max_idle_time"},
+		{"conn_max_lifetime=0", ""},
+		{"conn_max_lifetime=99999999999999999", "conn_max_lifetime"},
+		{"max_retry_backoff=2m", "max_retry_backoff"},
+		{"min_retry_backoff=-1", ""},
+		{"client_name=a%20b", "client_name"},
+		{"client_name=caddy", ""},
+		{"pool_fifo=maybe", "pool_fifo"},
+		{"no_such_parameter=1", "no_such_parameter"},
+	} {
+		err := redis.ClientOptions{URL: "redis://127.0.0.1:6379/0?" + tt.query}.Check()
+		switch {
+		case tt.names == "" && err != nil:
+			t.Errorf("%s: %v, want it accepted", tt.query, err)
+		case tt.names != "" && err == nil:
+			t.Errorf("%s: accepted, want it refused naming %s", tt.query, tt.names)
+		case err != nil && !strings.Contains(err.Error(), tt.names):
+			t.Errorf("%s: %v, want it to name %s", tt.query, err, tt.names)
+		}
+	}
+	// The option too.
+	for _, size := range []int{-5, 10001, 2147483647} {
+		if err := (redis.ClientOptions{PoolSize: size}).Check(); err == nil || !strings.Contains(err.Error(), "pool_size") {
+			t.Errorf("pool_size %d: %v, want it refused naming pool_size", size, err)
+		}
+	}
+}

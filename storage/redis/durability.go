@@ -12,6 +12,19 @@ package redis
 // WAIT. On Cluster, each node's share of a batch goes to that node with a
 // WAIT of its own.
 //
+// A reservation that too few replicas acknowledged in time fails (unless
+// Proceed): the caller releases it. A completion that falls short fails
+// too, with an error wrapping ErrNotReplicated and storage.ErrUnavailable,
+// though it is recorded on the primary and its answer given: a replica
+// promoted now would hold the record in flight, and a retry would run
+// again once its lease lapsed. The caller (the Caddy module's aftercare)
+// sends it again, with its WAIT, keeping the lease renewed, until replicas
+// acknowledge it: the script finds the record completed by the same
+// lease, writes its token field again (a write, so that the WAIT counts
+// the replicas that have everything before it) and Complete answers
+// storage.ErrLeaseLost (completed already); or, after a failover, the new
+// primary holds it in flight, and the completion lands there.
+//
 // Releases and renewals are not waited for. A release lost in a failover
 // leaves the key in flight on the new primary until its lease lapses
 // (retries get 409 meanwhile, never a second run); a renewal lost leaves
@@ -28,8 +41,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
 )
 
 // DefaultDurabilityTimeout is how long WAIT blocks when
@@ -38,8 +51,9 @@ const DefaultDurabilityTimeout = time.Second
 
 // ErrNotReplicated is wrapped, with storage.ErrUnavailable, by the error
 // of a Reserve whose reservation fewer replicas than Durability.Replicas
-// acknowledged within Durability.Timeout, when Durability.Proceed is off
-// (storage.ErrNotReplicated, under this package's name).
+// acknowledged within Durability.Timeout, when Durability.Proceed is off,
+// and of a Complete that fell short (storage.ErrNotReplicated, under this
+// package's name).
 var ErrNotReplicated = storage.ErrNotReplicated
 
 // Durability makes reservations and completions wait until replicas
@@ -57,8 +71,8 @@ type Durability struct {
 	// Proceed lets a reservation that too few replicas acknowledged in
 	// time go on: it is on the primary. Off, Reserve fails with an error
 	// wrapping ErrNotReplicated and storage.ErrUnavailable, which the
-	// caller treats as any store error, and releases. A completion is
-	// never failed for it: the write is done and its answer given.
+	// caller treats as any store error, and releases. A completion that
+	// falls short fails so either way, to be sent again (see above).
 	Proceed bool
 
 	// OnShortfall, when set, is called for every reservation or

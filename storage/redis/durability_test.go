@@ -13,6 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/redistest"
+	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
 	"github.com/caddy-idempotency/caddy-idempotency/storage/storagetest"
 )
@@ -43,7 +44,8 @@ func (s *shortfalls) take() string {
 // its own round trip, and once the replica is gone the timeout path
 // fires: a reservation fails as a store error (ErrUnavailable,
 // ErrNotReplicated) and is counted, or, with Proceed, goes on and is
-// counted; a completion is counted and succeeds.
+// counted; a completion is counted and fails so too, to be sent again,
+// with Proceed as well.
 func TestDurabilityWaitsForTheReplica(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a primary and a replica")
@@ -77,6 +79,16 @@ func TestDurabilityWaitsForTheReplica(t *testing.T) {
 		})
 		if got, want := names(cmds), "evalsha[TIME HMGET HSET PEXPIRE], wait, evalsha[TIME HMGET HDEL HSET PEXPIRE], wait"; got != want {
 			t.Fatalf("commands %q, want %q", got, want)
+		}
+		// The completion sent again (its WAIT fell short) writes its
+		// token field again, so that its WAIT covers the first one too.
+		cmds = mon.Commands(func() {
+			if err := s.Complete(t.Context(), key, tok, textResponse("done"), time.Hour); !errors.Is(err, storage.ErrLeaseLost) || storage.Unavailable(err) {
+				t.Fatalf("the completion sent again: %v; want ErrLeaseLost (completed by this lease already)", err)
+			}
+		})
+		if got, want := names(cmds), "evalsha[TIME HMGET HSET], wait"; got != want {
+			t.Fatalf("the completion sent again: commands %q, want %q", got, want)
 		}
 		// A release is not waited for (a lost one leaves a 409 until
 		// the lease lapses, never a second run).
@@ -117,8 +129,8 @@ func TestDurabilityWaitsForTheReplica(t *testing.T) {
 		// A replay writes nothing and falls short of nothing.
 		done := storage.Key{Scope: "s", ID: "done-" + redistest.RandomHex(4)}
 		tok := acquire(t, sProceed, done, time.Minute)
-		if err := sProceed.Complete(t.Context(), done, tok, textResponse("x"), time.Hour); err != nil {
-			t.Fatal(err)
+		if err := sProceed.Complete(t.Context(), done, tok, textResponse("x"), time.Hour); !errors.Is(err, ErrNotReplicated) {
+			t.Fatal(err) // recorded on the primary, to be sent again
 		}
 		short.take()
 		if res, err := s.Reserve(t.Context(), done, fp, time.Minute); err != nil || res.Outcome != storage.Replay {
@@ -132,24 +144,29 @@ func TestDurabilityWaitsForTheReplica(t *testing.T) {
 	t.Run("ProceedGoesOn", func(t *testing.T) {
 		key := storage.Key{Scope: "s", ID: "proceed-" + redistest.RandomHex(4)}
 		tok := acquire(t, sProceed, key, time.Minute)
-		if err := sProceed.Complete(t.Context(), key, tok, textResponse("x"), time.Hour); err != nil {
-			t.Fatalf("Complete: %v", err)
+		if err := sProceed.Complete(t.Context(), key, tok, textResponse("x"), time.Hour); !errors.Is(err, ErrNotReplicated) || !storage.Unavailable(err) {
+			t.Fatalf("Complete: %v; want ErrNotReplicated and ErrUnavailable (it is sent again)", err)
 		}
 		if got := short.take(); got != "reserve:0 complete:0" {
 			t.Fatalf("shortfalls %q, want reserve:0 complete:0", got)
 		}
 	})
 
-	t.Run("CompleteIsCountedNotFailed", func(t *testing.T) {
+	t.Run("CompleteIsCountedAndFailed", func(t *testing.T) {
 		key := storage.Key{Scope: "s", ID: "complete-" + redistest.RandomHex(4)}
 		tok := acquire(t, sProceed, key, time.Minute)
 		short.take()
-		if err := s.Complete(t.Context(), key, tok, textResponse("x"), time.Hour); err != nil {
-			t.Fatalf("Complete: %v", err)
+		if err := s.Complete(t.Context(), key, tok, textResponse("x"), time.Hour); !errors.Is(err, ErrNotReplicated) || !storage.Unavailable(err) {
+			t.Fatalf("Complete: %v; want ErrNotReplicated and ErrUnavailable", err)
 		}
 		if got := short.take(); got != "complete:0" {
 			t.Fatalf("shortfalls %q, want complete:0", got)
 		}
+		// The record is on the primary all the same: its replay is served.
+		if res, err := sProceed.Reserve(t.Context(), key, fp, time.Minute); err != nil || res.Outcome != storage.Replay {
+			t.Fatalf("Reserve of the completed key: %v, %v; want a replay", res.Outcome, err)
+		}
+		short.take()
 	})
 
 	t.Run("Facts", func(t *testing.T) {
@@ -405,5 +422,94 @@ func TestProceedProceedsWhileReplicasAreShort(t *testing.T) {
 	}
 	if got := shortfallCount.Load(); got != n+1 {
 		t.Fatalf("%d shortfalls counted, want %d", got, n+1)
+	}
+}
+
+// replicaOf points the server at addr with REPLICAOF (addr "": NO ONE,
+// a primary of its own).
+func replicaOf(t *testing.T, server, addr string) {
+	t.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: server})
+	defer c.Close()
+	host, port := "NO", "ONE"
+	if addr != "" {
+		host, port, _ = strings.Cut(addr, ":")
+	}
+	if err := c.ReplicaOf(t.Context(), host, port).Err(); err != nil {
+		t.Fatalf("REPLICAOF %s %s on %s: %v", host, port, server, err)
+	}
+}
+
+// TestACompletionShortOfItsReplicasIsSentAgainUntilOneHasIt: the replica
+// is cut off (it leaves its primary, holding what it had: the
+// reservation) before a request's completion: the completion's WAIT falls
+// short, and Complete fails as not replicated, though the primary has the
+// record and serves its replay; sent again while the replica is away, it
+// fails so again. A replica promoted meanwhile would hold the reservation
+// in flight under the request's lease, and the completion sent there
+// lands. Once the replica follows the primary again, the completion sent
+// again is acknowledged: Complete answers that the lease completed the
+// record already, and the replica has it. Before the fix, the first
+// Complete succeeded and nobody sent it again.
+func TestACompletionShortOfItsReplicasIsSentAgainUntilOneHasIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a primary and a replica")
+	}
+	primary := redistest.StartServer(t)
+	replica := redistest.StartReplica(t, primary)
+	var short shortfalls
+	prefix := testPrefix()
+	opts := Options{KeyPrefix: prefix, Timeout: 4 * time.Second, Durability: Durability{Replicas: 1, Timeout: 300 * time.Millisecond, OnShortfall: short.add}}
+	s := newTestStore(t, primary.Addr, opts)
+	key := storage.Key{Scope: "s", ID: "resent-" + redistest.RandomHex(4)}
+	tok := acquire(t, s, key, time.Minute)
+	if got := short.take(); got != "" {
+		t.Fatalf("shortfalls with the replica in sync: %s", got)
+	}
+
+	replicaOf(t, replica.Addr, "")
+	err := s.Complete(t.Context(), key, tok, textResponse("done"), time.Hour)
+	if !errors.Is(err, ErrNotReplicated) || !storage.Unavailable(err) {
+		t.Fatalf("Complete with the replica cut off: %v; want ErrNotReplicated and ErrUnavailable", err)
+	}
+	if res, err := s.Reserve(t.Context(), key, fp, time.Minute); err != nil || res.Outcome != storage.Replay {
+		t.Fatalf("a retry on the primary: %v, %v; want the replay", res.Outcome, err)
+	}
+	err = s.Complete(t.Context(), key, tok, textResponse("done"), time.Hour)
+	if !errors.Is(err, ErrNotReplicated) || !storage.Unavailable(err) {
+		t.Fatalf("the completion sent again with the replica still cut off: %v; want ErrNotReplicated and ErrUnavailable", err)
+	}
+	if got := short.take(); got != "complete:0 complete:0" {
+		t.Fatalf("shortfalls %q, want complete:0 twice", got)
+	}
+
+	// The replica, a primary of its own now, is what a failover would
+	// have promoted: it holds the reservation in flight, under the lease.
+	onReplica := newTestStore(t, replica.Addr, Options{KeyPrefix: prefix, Timeout: 4 * time.Second})
+	rec, err := onReplica.Get(t.Context(), key, false)
+	if err != nil || rec.State != storage.InFlight || rec.Token != tok {
+		t.Fatalf("the cut-off replica holds %+v, %v; want the reservation in flight under the lease", rec, err)
+	}
+	if err := onReplica.Complete(t.Context(), key, tok, textResponse("done"), time.Hour); err != nil {
+		t.Fatalf("the completion sent again to the promoted replica: %v", err)
+	}
+
+	// Back as the primary's replica (a full resync: what it wrote alone
+	// is dropped for the primary's data).
+	replicaOf(t, replica.Addr, primary.Addr)
+	testutil.Eventually(t, 30*time.Second, "the completion sent again acknowledged by the replica back in sync", func() bool {
+		err = s.Complete(t.Context(), key, tok, textResponse("done"), time.Hour)
+		return !errors.Is(err, ErrNotReplicated)
+	})
+	if !errors.Is(err, storage.ErrLeaseLost) || storage.Unavailable(err) {
+		t.Fatalf("the completion sent again with the replica back: %v; want ErrLeaseLost (completed by this lease already)", err)
+	}
+	rec, err = onReplica.Get(t.Context(), key, true)
+	if err != nil || rec.State != storage.Completed || string(rec.Response.Body) != "done" {
+		t.Fatalf("the replica holds %+v, %v; want the completed record", rec, err)
+	}
+	// A stale lease's completion is still refused, and writes nothing.
+	if err := s.Complete(t.Context(), key, tok+1, textResponse("other"), time.Hour); !errors.Is(err, storage.ErrLeaseLost) || errors.Is(err, errCompletedByLease) {
+		t.Fatalf("Complete with another token: %v; want plain ErrLeaseLost", err)
 	}
 }

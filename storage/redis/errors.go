@@ -10,8 +10,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/redact"
 )
 
 // classify is classify with the error's message scrubbed of the client's

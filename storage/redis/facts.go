@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -28,6 +29,9 @@ type NodeFacts struct {
 	AppendOnly         string `json:"appendonly"`         // yes, no; unknown
 	AppendFsync        string `json:"appendfsync"`        // always, everysec, no; unknown
 	MinReplicasToWrite string `json:"min_replicas_to_write"`
+	Save               string `json:"save"`             // RDB snapshots ("" for none); unknown
+	MaxmemoryPolicy    string `json:"maxmemory_policy"` // noeviction, allkeys-lru, ...; unknown
+	Maxmemory          string `json:"maxmemory"`        // bytes, 0 for no limit; unknown
 	Version            string `json:"redis_version"`
 	Error              string `json:"error,omitempty"` // why the node could not be asked at all
 }
@@ -62,7 +66,7 @@ func (s *Store) Durability(ctx context.Context) (any, error) {
 	cc, ok := s.client.(*goredis.ClusterClient)
 	if !ok {
 		out.Nodes = append(out.Nodes, s.nodeFacts(ctx, s.client))
-		return out, s.shortOfReplicas(out.Nodes)
+		return out, errors.Join(s.shortOfReplicas(out.Nodes), risks(out.Nodes))
 	}
 	var mu sync.Mutex
 	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
@@ -74,10 +78,34 @@ func (s *Store) Durability(ctx context.Context) (any, error) {
 	})
 	if err != nil && len(out.Nodes) == 0 {
 		out.Nodes = append(out.Nodes, NodeFacts{Addr: unknown, Role: unknown, ConnectedReplicas: unknown, AppendOnly: unknown,
-			AppendFsync: unknown, MinReplicasToWrite: unknown, Version: unknown, Error: s.classify(err).Error()})
+			AppendFsync: unknown, MinReplicasToWrite: unknown, Save: unknown, MaxmemoryPolicy: unknown, Maxmemory: unknown, Version: unknown, Error: s.classify(err).Error()})
 	}
 	slices.SortFunc(out.Nodes, func(a, b NodeFacts) int { return strings.Compare(a.Addr, b.Addr) })
-	return out, s.shortOfReplicas(out.Nodes)
+	return out, errors.Join(s.shortOfReplicas(out.Nodes), risks(out.Nodes))
+}
+
+// risks says what each primary may lose of the records without a fault
+// of the store's: keys it evicts to make room (any maxmemory-policy but
+// noeviction: records all have a TTL, so the volatile policies take them
+// too), and, with neither persistence nor a replica, every record on a
+// restart. nil when there is nothing to say (or a node would not tell).
+// The start-up line warns with it.
+func risks(nodes []NodeFacts) error {
+	var out []string
+	for _, n := range nodes {
+		if n.MaxmemoryPolicy != unknown && n.MaxmemoryPolicy != "" && n.MaxmemoryPolicy != "noeviction" {
+			out = append(out, fmt.Sprintf("%s evicts keys when it is full (maxmemory-policy %s, maxmemory %s): it may drop live records, in flight or completed, and a retry then runs again; set maxmemory-policy noeviction (a full Redis then refuses new keys, 503)",
+				n.Addr, n.MaxmemoryPolicy, n.Maxmemory))
+		}
+		if n.Role == "master" && n.AppendOnly == "no" && n.Save == "" && n.ConnectedReplicas == "0" {
+			out = append(out, fmt.Sprintf("%s keeps nothing on disk (appendonly no, no save) and has no replica: a restart loses every record, and the retries of the requests they answered run again; turn appendonly on (appendfsync everysec or always), or add a replica",
+				n.Addr))
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return fmt.Errorf("redis durability: %s", strings.Join(out, "; "))
 }
 
 // shortOfReplicas says which primaries have fewer replicas connected than
@@ -109,7 +137,7 @@ func (s *Store) shortOfReplicas(nodes []NodeFacts) error {
 // nodeFacts asks one node.
 func (s *Store) nodeFacts(ctx context.Context, c goredis.UniversalClient) NodeFacts {
 	f := NodeFacts{Addr: unknown, Role: unknown, ConnectedReplicas: unknown, AppendOnly: unknown,
-		AppendFsync: unknown, MinReplicasToWrite: unknown, Version: unknown}
+		AppendFsync: unknown, MinReplicasToWrite: unknown, Save: unknown, MaxmemoryPolicy: unknown, Maxmemory: unknown, Version: unknown}
 	if n, ok := c.(*goredis.Client); ok {
 		f.Addr = n.Options().Addr
 	}
@@ -134,9 +162,16 @@ func (s *Store) nodeFacts(ctx context.Context, c goredis.UniversalClient) NodeFa
 	for _, p := range []struct {
 		name string
 		to   *string
-	}{{"appendonly", &f.AppendOnly}, {"appendfsync", &f.AppendFsync}, {"min-replicas-to-write", &f.MinReplicasToWrite}} {
+	}{{"appendonly", &f.AppendOnly}, {"appendfsync", &f.AppendFsync}, {"min-replicas-to-write", &f.MinReplicasToWrite},
+		{"maxmemory-policy", &f.MaxmemoryPolicy}, {"maxmemory", &f.Maxmemory}} {
 		if m, err := c.ConfigGet(ctx, p.name).Result(); err == nil {
 			*p.to = cmpUnknown(m[p.name])
+		}
+	}
+	// save is "" when snapshots are off: that is a value, not unknown.
+	if m, err := c.ConfigGet(ctx, "save").Result(); err == nil {
+		if v, ok := m["save"]; ok {
+			f.Save = v
 		}
 	}
 	return f

@@ -133,20 +133,70 @@ const scanBatch = 1000
 // key hashes after after; those are then read in full. Memory is bounded
 // by limit and the batch, whatever the store holds.
 func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]storage.HashedRecord, error) {
+	probe := func(ctx context.Context, pipe goredis.Pipeliner, name string) func() bool {
+		held := pipe.HExists(ctx, name, "t")
+		return held.Val
+	}
+	return s.list(ctx, after, limit, probe, func(rec *storage.Record) bool { return rec.State == storage.InFlight })
+}
+
+var _ storage.OutcomeUnknownKeeper = (*Store)(nil)
+
+// ListOutcomeUnknown implements storage.OutcomeUnknownKeeper as
+// ListInFlight lists, the pipeline reading each record's head (its
+// encoding says whether it is marked: storage.EncodedOutcomeUnknown).
+func (s *Store) ListOutcomeUnknown(ctx context.Context, after string, limit int) ([]storage.HashedRecord, error) {
+	probe := func(ctx context.Context, pipe goredis.Pipeliner, name string) func() bool {
+		head := pipe.HGet(ctx, name, "h")
+		return func() bool { return storage.EncodedOutcomeUnknown([]byte(head.Val())) }
+	}
+	return s.list(ctx, after, limit, probe, func(rec *storage.Record) bool {
+		return rec.State == storage.Completed && rec.Response != nil && rec.Response.OutcomeUnknown
+	})
+}
+
+// ReleaseOutcomeUnknown implements storage.OutcomeUnknownKeeper: one
+// script per name checks that the record is live and marked, and deletes
+// it.
+func (s *Store) ReleaseOutcomeUnknown(ctx context.Context, hash string) (int, error) {
+	names, err := s.namesByHash(ctx, hash)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, name := range names {
+		v, err := s.runKey(ctx, releaseUnknownScript, name)
+		if err != nil {
+			return n, fmt.Errorf("redis release: %w", err)
+		}
+		if v == int64(1) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// probe adds to pipe what tells whether the record under name is one to
+// list, and returns what reads the answer once the pipeline ran.
+type probe func(ctx context.Context, pipe goredis.Pipeliner, name string) func() bool
+
+// list pages through the records that probe picks and keep keeps once
+// read in full.
+func (s *Store) list(ctx context.Context, after string, limit int, probe probe, keep func(*storage.Record) bool) ([]storage.HashedRecord, error) {
 	if s.invalid != nil {
 		return nil, fmt.Errorf("redis scan: %w", s.invalid)
 	}
 	if limit <= 0 {
 		return nil, nil
 	}
-	// A name the scan found may no longer be a record in flight when it is
+	// A name the scan found may no longer be a record to list when it is
 	// read (released, or a lease that lapsed but whose key Redis keeps a
 	// while): a short page would read as the last one, so the page is
 	// filled from the names after it.
 	var out []storage.HashedRecord
 	for len(out) < limit {
 		want := limit - len(out)
-		names, err := s.inFlightNames(ctx, after, want)
+		names, err := s.probedNames(ctx, after, want, probe)
 		if err != nil {
 			return nil, err
 		}
@@ -158,7 +208,7 @@ func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]st
 				// since is left out below.
 			case err != nil:
 				return nil, err
-			case rec.State == storage.InFlight:
+			case keep(rec):
 				out = append(out, storage.HashedRecord{KeyHash: s.hashOf(name), Record: rec})
 			}
 		}
@@ -170,9 +220,9 @@ func (s *Store) ListInFlight(ctx context.Context, after string, limit int) ([]st
 	return out, nil
 }
 
-// inFlightNames returns the names of up to limit records holding a lease
-// token whose key hash sorts after after, in that order.
-func (s *Store) inFlightNames(ctx context.Context, after string, limit int) ([]string, error) {
+// probedNames returns the names of up to limit records that probe picks
+// whose key hash sorts after after, in that order.
+func (s *Store) probedNames(ctx context.Context, after string, limit int, probe probe) ([]string, error) {
 	pattern := escapeGlob(s.prefix) + "*"
 	var mu sync.Mutex
 	// The page so far, sorted by name: the key hash is the first half of
@@ -210,20 +260,20 @@ func (s *Store) inFlightNames(ctx context.Context, after string, limit int) ([]s
 			})
 			if len(batch) > 0 {
 				pipe := c.Pipeline()
-				held := make([]*goredis.BoolCmd, len(batch))
+				picked := make([]func() bool, len(batch))
 				for i, name := range batch {
-					held[i] = pipe.HExists(ctx, name, "t")
+					picked[i] = probe(ctx, pipe, name)
 				}
-				if _, err := pipe.Exec(ctx); err != nil {
+				if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
 					return err
 				}
-				inFlight := batch[:0]
+				kept := batch[:0]
 				for i, name := range batch {
-					if held[i].Val() {
-						inFlight = append(inFlight, name)
+					if picked[i]() {
+						kept = append(kept, name)
 					}
 				}
-				keep(inFlight)
+				keep(kept)
 			}
 			if cursor = next; cursor == 0 {
 				return nil

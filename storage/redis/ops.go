@@ -90,18 +90,37 @@ func (s *Store) Complete(ctx context.Context, key storage.Key, token storage.Tok
 	if token == 0 {
 		return storage.ErrLeaseLost
 	}
-	head := storage.AppendResponse(nil, &storage.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: resp.BodyOmitted})
+	head := storage.AppendResponse(nil, &storage.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: resp.BodyOmitted, OutcomeUnknown: resp.OutcomeUnknown})
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	v, acked, err := s.runDurable(ctx, completeScript, key, newCompleteArgs(uint64(token), head, resp.Body, millis(ttl), resp.Detail))
-	if err = fencedReply("complete", v, err); err == nil {
-		// Too few replicas is counted, never an error: the record is on
-		// the primary and the answer given; a retry of the write would
-		// find the lease gone.
-		s.durability.shortfall("complete", acked)
+	if err != nil {
+		return fmt.Errorf("redis complete: %w", err)
 	}
-	return err
+	switch v {
+	case int64(0):
+		return storage.ErrLeaseLost
+	case int64(1), int64(2):
+	default:
+		return fmt.Errorf("redis complete: %w: reply of type %T", storage.ErrCorrupt, v)
+	}
+	if s.durability.shortfall("complete", acked) {
+		// The record is on the primary, the answer given; but a replica
+		// promoted now would hold it in flight, and its lease would
+		// lapse. The caller sends it again (with its WAIT, keeping the
+		// lease alive) until replicas have it: see durability.go.
+		return fmt.Errorf("redis complete: %w: %w", storage.ErrUnavailable, s.durability.notReplicated(acked))
+	}
+	if v == int64(2) {
+		return errCompletedByLease
+	}
+	return nil
 }
+
+// errCompletedByLease is Complete's answer when the lease completed the
+// record already (and replicas acknowledged it, when the store waits for
+// them): the record is no longer the lease's to write.
+var errCompletedByLease = fmt.Errorf("%w: the record is completed by this lease already", storage.ErrLeaseLost)
 
 // Release implements storage.Store in one round trip.
 func (s *Store) Release(ctx context.Context, key storage.Key, token storage.Token) error {

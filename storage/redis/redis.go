@@ -63,8 +63,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/caddy-idempotency/caddy-idempotency/backend/opterr"
 	"github.com/caddy-idempotency/caddy-idempotency/storage"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/opterr"
 )
 
 // DefaultKeyPrefix starts the name of every key and channel the store uses
@@ -210,6 +210,10 @@ func (s *Store) Ping(ctx context.Context) error {
 	if s.invalid != nil {
 		return s.invalid
 	}
+	// Bounded like every operation: go-redis retries a failed dial
+	// max_retries times, with backoffs, for as long as the context lets it.
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
 	if cc, ok := s.client.(*goredis.ClusterClient); ok {
 		return s.classify(cc.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error { return c.Ping(ctx).Err() }))
 	}

@@ -115,8 +115,8 @@ func TestRecordsExpireNatively(t *testing.T) {
 	if took := time.Since(start); pttl < ttl-took-time.Millisecond || pttl > ttl {
 		t.Fatalf("completed PTTL %v, %v after completing for %v", pttl, took, ttl)
 	}
-	if fields := admin.HKeys(ctx, name).Val(); strings.Join(fields, ",") != "f,c,e,h,b" {
-		t.Errorf("completed record fields %v, want f,c,e,h,b (no token, no waiter mark)", fields)
+	if fields := admin.HKeys(ctx, name).Val(); strings.Join(fields, ",") != "f,c,e,h,b,k" {
+		t.Errorf("completed record fields %v, want f,c,e,h,b,k (no lease token t, no waiter mark; the token that completed it in k)", fields)
 	}
 
 	released := storage.Key{Scope: "scope", ID: "released"}

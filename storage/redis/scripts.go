@@ -67,13 +67,25 @@ return {1}
 `)
 
 // completeScript records the response of the lease named by the token.
-// ARGV: token, head, body, ttl ms, detail. Reply: 1, or 0 when the lease
-// is lost.
+// ARGV: token, head, body, ttl ms, detail. Reply: 1, 2 when that lease
+// completed the record already, or 0 when the lease is lost.
+//
+// The completed record keeps the lease's token in field k, so that a
+// completion sent again (its WAIT fell short: durability.go) finds its
+// own record: it then writes k again, unchanged, a write of its own, so
+// that the WAIT sent after it counts the replicas that have everything up
+// to it, the first completion included.
 var completeScript = goredis.NewScript(prelude + `
-local r = redis.call('HMGET', key, 't', 'w')
-if not r[1] or r[1] ~= ARGV[1] then return 0 end
+local r = redis.call('HMGET', key, 't', 'w', 'k')
+if not r[1] or r[1] ~= ARGV[1] then
+  if r[3] and r[3] == ARGV[1] then
+    redis.call('HSET', key, 'k', ARGV[1])
+    return 2
+  end
+  return 0
+end
 redis.call('HDEL', key, 't', 'w')
-redis.call('HSET', key, 'h', ARGV[2], 'b', ARGV[3], 'e', ms(now + tonumber(ARGV[4])))
+redis.call('HSET', key, 'h', ARGV[2], 'b', ARGV[3], 'e', ms(now + tonumber(ARGV[4])), 'k', ARGV[1])
 if ARGV[5] ~= '' then redis.call('HSET', key, 'd', ARGV[5]) end
 redis.call('PEXPIRE', key, ARGV[4])
 wake(r[2])
@@ -130,6 +142,21 @@ local e = tonumber(r[2])
 if r[1] and e and now >= e then return 0 end
 redis.call('DEL', key)
 wake(r[3])
+return 1
+`)
+
+// releaseUnknownScript deletes a live record whose outcome is unknown,
+// and nothing else: its head (field h, storage.AppendResponse's encoding)
+// starts with version 2 and has the outcome-unknown flag
+// (storage.EncodedOutcomeUnknown). Reply: 1, or 0 when the record is no
+// such one.
+var releaseUnknownScript = goredis.NewScript(prelude + `
+local r = redis.call('HMGET', key, 'h', 'e', 't', 'w')
+local e = tonumber(r[2])
+if not r[1] or r[3] or not e or now >= e then return 0 end
+if string.byte(r[1], 1) ~= 2 or math.floor((string.byte(r[1], 2) or 0) / 2) % 2 ~= 1 then return 0 end
+redis.call('DEL', key)
+wake(r[4])
 return 1
 `)
 

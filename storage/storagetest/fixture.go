@@ -216,6 +216,8 @@ func diffResponse(got, want *storage.Response, withBody bool) string {
 		return fmt.Sprintf("header %q, want %q", got.Header, want.Header)
 	case got.BodyOmitted != want.BodyOmitted:
 		return fmt.Sprintf("BodyOmitted %v, want %v", got.BodyOmitted, want.BodyOmitted)
+	case got.OutcomeUnknown != want.OutcomeUnknown:
+		return fmt.Sprintf("OutcomeUnknown %v, want %v", got.OutcomeUnknown, want.OutcomeUnknown)
 	case withBody && string(got.Body) != string(want.Body):
 		return fmt.Sprintf("body of %d bytes %q, want %d bytes %q", len(got.Body), got.Body, len(want.Body), want.Body)
 	case !withBody && len(got.Body) != 0:

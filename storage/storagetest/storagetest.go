@@ -52,6 +52,8 @@ var suite = []subtest{
 	{"ReplayReturnsRecordedResponse", testReplayReturnsRecordedResponse},
 	{"EmptyBodyReplays", testEmptyBodyReplays},
 	{"BodyOmittedIsKept", testBodyOmittedIsKept},
+	{"OutcomeUnknownIsKept", testOutcomeUnknownIsKept},
+	{"OutcomeUnknownIsListedAndReleased", testOutcomeUnknownIsListedAndReleased},
 	{"ConcurrentReserveHasOneWinner", testConcurrentReserveHasOneWinner},
 	{"ConcurrentReserveDistinctKeys", testConcurrentReserveDistinctKeys},
 	{"CompletedRecordIsImmutable", testCompletedRecordIsImmutable},

@@ -99,7 +99,10 @@ func (c *Cert) Transport(p Proto, slow bool) http.RoundTripper {
 		tc = &tls.Config{RootCAs: c.Roots, MinVersion: tls.VersionTLS12}
 	}
 	if p == H3 {
-		qc := &quic.Config{MaxIdleTimeout: time.Minute}
+		// Keep-alives as browsers send them (Chromium: every 15 s while a
+		// stream is open): a server's QUIC connection closes after 30 s
+		// without a packet, even with a stream open on it.
+		qc := &quic.Config{MaxIdleTimeout: time.Minute, KeepAlivePeriod: 15 * time.Second}
 		if slow {
 			qc.InitialStreamReceiveWindow, qc.MaxStreamReceiveWindow = SlowWindow, SlowWindow
 			qc.InitialConnectionReceiveWindow, qc.MaxConnectionReceiveWindow = 4*SlowWindow, 4*SlowWindow

@@ -45,9 +45,18 @@ func Start(bin, dir, name string, port int, cfg Config) (*Instance, error) {
 	if err != nil {
 		return nil, err
 	}
+	admin := fmt.Sprintf("127.0.0.1:%d", adminPort)
+	return Run(bin, dir, name, admin, port, cfg.caddyfile(admin))
+}
+
+// Run runs bin with a whole Caddyfile whose admin endpoint is admin (and
+// which serves on port) in dir, and waits until its admin API answers. A
+// Caddyfile that Caddy refuses ends the process: the error says "exited"
+// and holds the log, which says why.
+func Run(bin, dir, name, admin string, port int, caddyfile string) (*Instance, error) {
 	inst := &Instance{
 		Name:      name,
-		AdminAddr: fmt.Sprintf("127.0.0.1:%d", adminPort),
+		AdminAddr: admin,
 		Port:      port,
 		bin:       bin,
 		dir:       filepath.Join(dir, name),
@@ -58,7 +67,7 @@ func Start(bin, dir, name string, port int, cfg Config) (*Instance, error) {
 		return nil, err
 	}
 	path := filepath.Join(inst.dir, "Caddyfile")
-	if err := os.WriteFile(path, []byte(cfg.caddyfile(inst.AdminAddr)), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(caddyfile), 0o644); err != nil {
 		return nil, err
 	}
 	inst.cmd = exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
@@ -151,6 +160,26 @@ func (i *Instance) Stop() {
 	case <-i.exited:
 	case <-time.After(10 * time.Second):
 		i.Kill()
+	}
+}
+
+// Terminate sends SIGTERM, as a service manager stops Caddy, and reports
+// whether the process exited within the bound; one that did not is killed.
+func (i *Instance) Terminate(within time.Duration) bool {
+	_ = i.cmd.Process.Signal(syscall.SIGCONT)
+	_ = i.cmd.Process.Signal(syscall.SIGTERM)
+	return i.WaitExit(within)
+}
+
+// WaitExit reports whether the process exited within the bound (after a
+// POST /stop, a SIGTERM); one that did not is killed.
+func (i *Instance) WaitExit(within time.Duration) bool {
+	select {
+	case <-i.exited:
+		return true
+	case <-time.After(within):
+		i.Kill()
+		return false
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,21 @@ import (
 //	X-Upstream-Unsized:     with X-Upstream-Size, "true": declare no
 //	                        Content-Length, so that only the end of the
 //	                        stream tells a client the answer is whole
+//	X-Upstream-Fail:        once the request is read and the work done
+//	                        (X-Upstream-Delay): "reset" resets the
+//	                        connection (SO_LINGER 0) and "eof" closes it,
+//	                        without a status: an upstream that acted and
+//	                        crashed before answering; "reset-body" sends
+//	                        the status, the headers and 64 bytes of a
+//	                        larger declared body, then resets. (A proxy's
+//	                        "timeout" and "refused" are the config's: the
+//	                        upstream ignores them.)
+//	X-Upstream-Silence:     with X-Upstream-Size, "<n>:<ms>": once n bytes
+//	                        of the answer are sent and flushed (0: the
+//	                        status and headers alone), send nothing for
+//	                        ms milliseconds, then the rest: a stream that
+//	                        pauses (SSE, an LLM, a long computation after
+//	                        the headers)
 //
 // Every response also carries X-Execution, the request's number among all
 // the upstream served.
@@ -74,8 +90,9 @@ type Execution struct {
 	Start, End   time.Time
 	Status       int    // the status sent
 	Answer       []byte // the body bytes written
-	BrokeOff     bool   // the answer broke off mid-body (X-Upstream-Break-After)
+	BrokeOff     bool   // the answer broke off mid-body (X-Upstream-Break-After, reset-body)
 	Delivered    bool   // the whole answer was written
+	Failed       string // how X-Upstream-Fail made it fail ("" when it did not)
 }
 
 // ChunkSize is the size of the chunks of an X-Upstream-Size answer.
@@ -145,6 +162,28 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Execution", strconv.FormatInt(n, 10))
 	rc := http.NewResponseController(w)
 
+	switch fail := r.Header.Get("X-Upstream-Fail"); fail {
+	case "reset", "eof", "reset-body":
+		x.Failed = fail
+		if fail == "reset-body" {
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.Header().Set("Content-Length", strconv.Itoa(64+(1<<20)))
+			w.WriteHeader(status)
+			_, _ = w.Write(Pattern(64))
+			_ = rc.Flush()
+			x.BrokeOff = true
+			// The status reached the proxy before the reset.
+			time.Sleep(20 * time.Millisecond)
+		}
+		if conn, _, err := rc.Hijack(); err == nil {
+			if tc, ok := conn.(*net.TCPConn); ok && fail != "eof" {
+				_ = tc.SetLinger(0)
+			}
+			conn.Close()
+		}
+		return
+	}
+
 	if size, err := strconv.Atoi(r.Header.Get("X-Upstream-Break-After")); err == nil && size >= 0 {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", strconv.Itoa(size+(1<<20)))
@@ -165,10 +204,24 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Length", strconv.Itoa(size))
 		}
 		w.WriteHeader(status)
-		all := Pattern(size)
-		for len(all) > 0 {
-			chunk := all[:min(ChunkSize, len(all))]
-			all = all[len(chunk):]
+		silentAt, silence := parseSilence(r.Header.Get("X-Upstream-Silence"))
+		all, sent := Pattern(size), 0
+		for {
+			if sent == silentAt && silence > 0 {
+				if err := rc.Flush(); err != nil {
+					return
+				}
+				time.Sleep(silence)
+			}
+			if len(all) == 0 {
+				break
+			}
+			n := min(ChunkSize, len(all))
+			if sent < silentAt {
+				n = min(n, silentAt-sent)
+			}
+			chunk := all[:n]
+			all, sent = all[n:], sent+n
 			if _, err := w.Write(chunk); err != nil {
 				return
 			}
@@ -187,6 +240,18 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(status)
 	_, err := w.Write(u.answer(n, exec, key, len(body), r.Header))
 	delivered = err == nil
+}
+
+// parseSilence reads X-Upstream-Silence, "<bytes>:<ms>": where the
+// answer pauses and for how long (no pause: -1, 0).
+func parseSilence(v string) (at int, d time.Duration) {
+	before, after, ok := strings.Cut(v, ":")
+	n, err1 := strconv.Atoi(before)
+	ms, err2 := strconv.Atoi(after)
+	if !ok || err1 != nil || err2 != nil || n < 0 || ms <= 0 {
+		return -1, 0
+	}
+	return n, time.Duration(ms) * time.Millisecond
 }
 
 // answer is the default JSON answer: the execution numbers, the request's

@@ -44,10 +44,13 @@ type Attempt struct {
 	Header  [][2]string
 	Body    []byte
 	Chunked bool
-	Mode    ClientMode
-	Stall   time.Duration // StopReading, StallResume
-	Rate    int           // SlowRead: bytes a second
-	Proto   Proto
+	// Form is how the request is spelt on the wire (form.go): Host,
+	// Header and Body are its plain spelling, which the oracle judges.
+	Form  Form
+	Mode  ClientMode
+	Stall time.Duration // StopReading, StallResume
+	Rate  int           // SlowRead: bytes a second
+	Proto Proto
 	// Path b sends the attempt through the handlers of path b (see
 	// Config.JSON), Site fill to the fill site.
 	Path, Site string
@@ -96,8 +99,8 @@ func (a *Attempt) headerValues(name string) []string {
 // wire returns the request as bytes on the wire.
 func (a *Attempt) wire() []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", a.Method, a.Target, a.Host)
-	for _, kv := range a.Header {
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", a.Method, a.Target, a.hostOnWire(false))
+	for _, kv := range a.headerOnWire() {
 		fmt.Fprintf(&b, "%s: %s\r\n", kv[0], kv[1])
 	}
 	fmt.Fprintf(&b, "%s: %s\r\n%s: %s\r\n%s: %s\r\nConnection: close\r\n", HeaderReq, a.ID, HeaderIntent, a.Intent, HeaderDo, a.Do)
@@ -107,20 +110,21 @@ func (a *Attempt) wire() []byte {
 	if a.Site != "" {
 		fmt.Fprintf(&b, "%s: %s\r\n", HeaderSite, a.Site)
 	}
+	body := a.bodyOnWire()
 	if a.Chunked {
 		b.WriteString("Transfer-Encoding: chunked\r\n\r\n")
-		for rest := a.Body; len(rest) > 0; {
+		for rest := body; len(rest) > 0; {
 			chunk := rest[:min(len(rest), 1000)]
 			rest = rest[len(chunk):]
 			fmt.Fprintf(&b, "%x\r\n%s\r\n", len(chunk), chunk)
 		}
 		b.WriteString("0\r\n\r\n")
 	} else {
-		if len(a.Body) > 0 || a.Method == http.MethodPost || a.Method == http.MethodPut || a.Method == http.MethodPatch {
-			fmt.Fprintf(&b, "Content-Length: %d\r\n", len(a.Body))
+		if len(body) > 0 || a.Method == http.MethodPost || a.Method == http.MethodPut || a.Method == http.MethodPatch {
+			fmt.Fprintf(&b, "Content-Length: %d\r\n", len(body))
 		}
 		b.WriteString("\r\n")
-		b.Write(a.Body)
+		b.Write(body)
 	}
 	return b.Bytes()
 }
@@ -210,5 +214,9 @@ func (r *Result) describe() string {
 
 // short renders the attempt in one line.
 func (a *Attempt) short() string {
-	return fmt.Sprintf("%s %s do=%s headers=%q body=%.100q chunked=%v mode=%s", a.Method, a.Target, a.Do, a.Header, a.Body, a.Chunked, a.Mode)
+	s := fmt.Sprintf("%s %s do=%s headers=%q body=%.100q chunked=%v mode=%s", a.Method, a.Target, a.Do, a.Header, a.Body, a.Chunked, a.Mode)
+	if f := a.Form.String(); f != "" {
+		s += " form=(" + f + ")"
+	}
+	return s
 }

@@ -49,6 +49,7 @@ type Policy struct {
 	Header           string
 	Required         bool
 	TenantScope      bool // scope {http.request.header.X-Tenant}
+	HostPortScope    bool // scope {http.request.hostport} {http.request.header.Authorization} (version 3)
 	MaxKeyLength     int
 	MaxBodySize      int64
 	MaxResponseSize  int64
@@ -56,6 +57,9 @@ type Policy struct {
 	NotCanonical     bool
 	Ignore           []string
 	ReleaseOn        []string
+	// OnUnknownOutcome is on_unknown_outcome: "" (the default, keep),
+	// "keep" or "release" (version 3).
+	OnUnknownOutcome string
 	InFlight         string // in_flight: wait, reject, or "" (the default, wait)
 	FailOpen         bool
 	ReplayHeader     string // "off" turns it off
@@ -116,6 +120,12 @@ type Config struct {
 	Invalid string
 	// Mutation is the invalid value, for the report.
 	Mutation string
+	// Failures (version 3) puts the proxies that fail before the
+	// upstream's status in front of it: attempts whose Behaviour.Fail
+	// asks take them (see tail). RefuseAddr is the address that refuses
+	// connections, set where the trial runs (Env.route).
+	Failures   bool
+	RefuseAddr string
 	// Raw replaces one handler field's JSON (the invalid mutation).
 	rawField map[string]any
 	rawStore map[string]any
@@ -159,6 +169,10 @@ func (p Policy) releases(status int) bool {
 	}
 	return false
 }
+
+// releasesUnknown reports whether p frees the key of a request whose
+// outcome is unknown (on_unknown_outcome release).
+func (p Policy) releasesUnknown() bool { return p.OnUnknownOutcome == "release" }
 
 func (p Policy) covers(method string) bool {
 	for _, m := range p.Methods {
@@ -215,6 +229,8 @@ func (c *Config) handlerJSON(i int, path string) map[string]any {
 	}
 	if p.TenantScope {
 		m["scope"] = "{http.request.header.X-Tenant}"
+	} else if p.HostPortScope {
+		m["scope"] = "{http.request.hostport} {http.request.header.Authorization}"
 	}
 	if p.MaxKeyLength != 0 {
 		m["max_key_length"] = p.MaxKeyLength
@@ -243,6 +259,9 @@ func (c *Config) handlerJSON(i int, path string) map[string]any {
 	}
 	if p.InFlight != "" {
 		m["in_flight"] = p.InFlight
+	}
+	if p.OnUnknownOutcome != "" {
+		m["on_unknown_outcome"] = p.OnUnknownOutcome
 	}
 	if p.FailOpen {
 		m["on_storage_error"] = "fail_open"
@@ -366,9 +385,7 @@ func (c *Config) chain(upstream, path string) []any {
 	if l.InnerDeleteServer {
 		tail = append(tail, map[string]any{"handler": "headers", "response": map[string]any{"delete": []string{"Server"}, "deferred": true}})
 	}
-	tail = append(tail,
-		map[string]any{"handler": "model_fault"},
-		map[string]any{"handler": "reverse_proxy", "upstreams": []any{map[string]any{"dial": upstream}}})
+	tail = append(tail, map[string]any{"handler": "model_fault"}, c.proxy(upstream))
 
 	var chain []any
 	switch len(l.Handlers) {
@@ -395,6 +412,31 @@ func (c *Config) chain(upstream, path string) []any {
 		outer = append(outer, map[string]any{"handler": "encode", "encodings": map[string]any{"gzip": map[string]any{}}, "minimum_length": 16})
 	}
 	return append(outer, chain...)
+}
+
+// proxy is the reverse_proxy in front of the upstream. With Failures, a
+// subroute whose first routes take the attempts that ask their proxy to
+// fail (Behaviour.Fail): one that dials an address refusing connections,
+// and one whose response_header_timeout is shorter than the upstream
+// takes to answer them.
+func (c *Config) proxy(upstream string) map[string]any {
+	plain := map[string]any{"handler": "reverse_proxy", "upstreams": []any{map[string]any{"dial": upstream}}}
+	if !c.Failures {
+		return plain
+	}
+	asks := func(fail string) []any {
+		return []any{map[string]any{"header_regexp": map[string]any{HeaderDo: map[string]any{"pattern": "(^|;)f=" + fail + "(;|$)"}}}}
+	}
+	return map[string]any{"handler": "subroute", "routes": []any{
+		map[string]any{"match": asks(FailRefused), "terminal": true, "handle": []any{
+			map[string]any{"handler": "reverse_proxy", "upstreams": []any{map[string]any{"dial": c.RefuseAddr}}},
+		}},
+		map[string]any{"match": asks(FailTimeout), "terminal": true, "handle": []any{
+			map[string]any{"handler": "reverse_proxy", "upstreams": []any{map[string]any{"dial": upstream}},
+				"transport": map[string]any{"protocol": "http", "response_header_timeout": ResponseHeaderTimeout.String()}},
+		}},
+		map[string]any{"handle": []any{plain}},
+	}}
 }
 
 // fillChain is the fill site's handlers: an idempotency handler of default
@@ -465,6 +507,19 @@ func adapt(c *Config, r *rand.Rand, cover []string) {
 			p.TTL = pick(r, time.Second, 2*time.Second)
 		case p.TTL != 0 && p.TTL < time.Hour:
 			p.TTL = time.Hour
+		}
+	}
+	if slices.Contains(cover, scStorm) {
+		// The storm's retries wait for the first request (a lease and a
+		// half), and its large bodies are within the limit.
+		for i := range hs {
+			p := &hs[i]
+			if p.WaitTimeout != 0 && p.WaitTimeout < 10*time.Second {
+				p.WaitTimeout = 0
+			}
+			if p.MaxBodySize != 0 && p.MaxBodySize < 1<<20 {
+				p.MaxBodySize = 0
+			}
 		}
 	}
 	if slices.Contains(cover, scScale) && c.Store.Kind == "postgres" {
@@ -646,7 +701,7 @@ func mutate(r *rand.Rand, c *Config) {
 func (c *Config) describe() string {
 	var b strings.Builder
 	l := c.Layout
-	fmt.Fprintf(&b, "layout: outer_headers=%v encode=%v inner_delete_server=%v\n", l.OuterHeaders, l.Encode, l.InnerDeleteServer)
+	fmt.Fprintf(&b, "layout: outer_headers=%v encode=%v inner_delete_server=%v failures=%v\n", l.OuterHeaders, l.Encode, l.InnerDeleteServer, c.Failures)
 	for i := range l.Handlers {
 		js, _ := json.Marshal(c.handlerJSON(i, "a"))
 		where := "outer"

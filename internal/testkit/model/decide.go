@@ -35,7 +35,43 @@ type reqParts struct {
 	method, path, query string
 	header              map[string]string // fingerprinted headers, media type normalised
 	body                []byte
+	coding              string // the codings of a body the handler does not decode ("" none)
 	jsonDeclared        bool
+}
+
+// bodyView is what the handlers see of an attempt's body.
+type bodyView struct {
+	wire    []byte // the bytes sent
+	content []byte // what they decode to: what max_body_size bounds
+	coded   bool   // a Content-Encoding the handler decodes
+	corrupt bool   // ... which the bytes sent do not follow
+	// undecoded names the codings of a body the handler does not decode
+	// ("" none): its bytes are its content, compared with the coding.
+	undecoded string
+}
+
+func (a *Attempt) bodyView() bodyView {
+	v := bodyView{wire: a.bodyOnWire(), content: a.content()}
+	list, known := codings(a.Form.Coding)
+	switch {
+	case len(list) == 0 || len(v.wire) == 0: // an empty body is empty, however labelled
+	case !known:
+		v.content, v.undecoded = v.wire, strings.Join(list, ", ")
+	default:
+		v.coded, v.corrupt = true, a.Form.Corrupt
+	}
+	return v
+}
+
+// wireLimit is how many bytes a body may be sent in: max_body_size,
+// and for a coded body the coding's overhead on top (the contract: a
+// 64th and 256 bytes), so that content of any coding under the limit
+// is taken.
+func (v bodyView) wireLimit(limit int64) int64 {
+	if !v.coded {
+		return limit
+	}
+	return limit + limit/64 + 256
 }
 
 // decide walks the handlers the attempt's path reaches, outermost
@@ -93,20 +129,30 @@ func decideOne(p Policy, a *Attempt, u *url.URL) (decision, bool) {
 		return decision{}, false
 	}
 	scope := a.Host + "\x00"
+	if p.HostPortScope && a.Form.Port == "other" {
+		scope = a.Host + ":8443\x00" // another origin; a default port is none
+	}
 	if auth, ok := a.header("Authorization"); ok {
 		scope += auth
 	}
 	if p.TenantScope {
 		tenant, _ := a.header("X-Tenant")
 		if strings.TrimSpace(tenant) == "" {
-			return reject(400, "key-invalid", "blank scope")
+			return reject(400, "scope-empty", "blank scope")
 		}
 		scope = "tenant\x00" + tenant
 	}
-	if int64(len(a.Body)) > p.MaxBodySize {
+	b := a.bodyView()
+	if int64(len(b.wire)) > b.wireLimit(p.MaxBodySize) || int64(len(b.content)) > p.MaxBodySize {
 		return reject(413, "body-too-large", "body over max_body_size")
 	}
+	if b.corrupt {
+		return reject(400, "body-encoding-invalid", "the body does not decode as its Content-Encoding says")
+	}
 	if id == "" {
+		if b.undecoded != "" {
+			return reject(415, "body-encoding-unsupported", "key_json in a body of a coding the handler does not decode")
+		}
 		var found, ok bool
 		id, found, ok = keyFromJSON(a.Body, p.MaxKeyLength)
 		switch {
@@ -121,16 +167,31 @@ func decideOne(p Policy, a *Attempt, u *url.URL) (decision, bool) {
 	ct, _ := a.header("Content-Type")
 	declared := declaresJSON(ct)
 	canonical := !p.NotCanonical
-	if canonical && declared && len(a.Body) > 0 && !json.Valid(a.Body) {
+	if canonical && declared && b.undecoded == "" && len(a.Body) > 0 && !json.Valid(a.Body) {
 		return reject(400, "body-invalid-json", "body declared as JSON is not JSON")
 	}
-	f, err := fingerprint.NewFingerprinter(fingerprint.Options{Headers: p.FPHeaders, CanonicalJSON: canonical, Ignore: pointers(p.Ignore)})
+	// The fingerprint: of the plain body where the spelling sent cannot
+	// matter (JSON compared by meaning, or the body as it is), of the
+	// bytes the handler compares otherwise, and for a coding it does not
+	// decode, of the bytes sent and the coding.
+	body, suffix := a.Body, ""
+	switch {
+	case b.undecoded != "":
+		body, suffix, canonical = b.wire, "|"+b.undecoded, false
+	case !(canonical && declared):
+		body = b.content
+	}
+	opts := fingerprint.Options{Headers: p.FPHeaders, CanonicalJSON: canonical}
+	if canonical {
+		opts.Ignore = pointers(p.Ignore)
+	}
+	f, err := fingerprint.NewFingerprinter(opts)
 	if err != nil {
 		panic(err)
 	}
 	hdr := a.httpHeader()
-	sum := f.Sum(nil, a.Method, u.EscapedPath(), u.RawQuery, hdr, a.Body)
-	parts := reqParts{method: a.Method, path: u.EscapedPath(), query: u.RawQuery, header: map[string]string{}, body: a.Body, jsonDeclared: declared && canonical}
+	sum := f.Sum(nil, a.Method, u.EscapedPath(), u.RawQuery, hdr, body)
+	parts := reqParts{method: a.Method, path: u.EscapedPath(), query: u.RawQuery, header: map[string]string{}, body: body, coding: b.undecoded, jsonDeclared: declared && canonical}
 	for _, name := range p.FPHeaders {
 		v := strings.Join(hdr.Values(name), ",")
 		if strings.EqualFold(name, "Content-Type") {
@@ -138,7 +199,7 @@ func decideOne(p Policy, a *Attempt, u *url.URL) (decision, bool) {
 		}
 		parts.header[http.CanonicalHeaderKey(name)] = v
 	}
-	return decision{kind: "keyed", rk: recKey{scope, id}, fp: fmt.Sprintf("%x", sum), parts: parts}, true
+	return decision{kind: "keyed", rk: recKey{scope, id}, fp: fmt.Sprintf("%x%s", sum, suffix), parts: parts}, true
 }
 
 func pointers(ss []string) []fingerprint.Pointer {
@@ -295,7 +356,7 @@ func differsSound(names []string, rec, cur reqParts) []string {
 				wrong = append(wrong, n)
 			}
 		case n == "body":
-			if bytes.Equal(rec.body, cur.body) || rec.jsonDeclared && cur.jsonDeclared && canonEqual(rec.body, cur.body) {
+			if rec.coding == cur.coding && (bytes.Equal(rec.body, cur.body) || rec.jsonDeclared && cur.jsonDeclared && canonEqual(rec.body, cur.body)) {
 				wrong = append(wrong, n)
 			}
 		case strings.HasPrefix(n, "/"):

@@ -35,6 +35,11 @@ type record struct {
 	// client's, if it read it whole, and every replay.
 	answers []*Result
 	who     []string
+	// unknown: the owner's request failed before any status, after it
+	// may have reached the upstream; the record keeps the key, and every
+	// retry gets the outcome-unknown answer. exec is nil when it never
+	// reached it as far as the model can tell (a panic before).
+	unknown bool
 }
 
 // expiry bounds the record's end: certainly live before lo, certainly
@@ -60,6 +65,10 @@ type judge struct {
 	all           []*record // every record the trial made
 	run           string    // the trial's token: executions without it are another trial's
 	refused       int       // invalid configurations checked before the trial's own
+	// passedOpen counts the executions fail_open passed on without the
+	// handler (passedOpen): each must be one the handler counted in
+	// fail_open_total (Env.Run checks).
+	passedOpen int
 }
 
 func newJudge(cfg *Config, up *Upstream, run string) *judge {
@@ -77,6 +86,44 @@ type outcome struct {
 	d    decision
 	exec *Execution
 	done time.Time // Caddy was done with it
+	// reached is when it reached the handler in front of the upstream
+	// (zero: never): a keyed attempt that did owned its key, whether the
+	// upstream then ran it or not (a refused dial, a panic before it).
+	reached time.Time
+}
+
+// owned reports whether o took its key and was handed on to the upstream.
+func (o *outcome) owned() bool { return o.exec != nil || !o.reached.IsZero() }
+
+// passedOpen reports whether o ran without the handler under fail_open:
+// the store failed (a timeout under load, an outage), and the upstream
+// got the request as the client sent it, without the handler's
+// Accept-Encoding: identity. Such a run may repeat a key; it is legal
+// only as one of the passes the handler counts (fail_open_total).
+func (o *outcome) passedOpen() bool {
+	if o.exec == nil || !o.d.pol.FailOpen {
+		return false
+	}
+	return o.exec.Header.Get("Accept-Encoding") != "identity" && strings.Join(o.a.wireValues("Accept-Encoding"), ",") != "identity"
+}
+
+// start is when o began to act for its key: the upstream got it, or the
+// handler in front of the upstream did.
+func (o *outcome) start() time.Time {
+	if o.exec != nil {
+		return o.exec.Arrived
+	}
+	return o.reached
+}
+
+// heldUntil is when o stopped holding its key: once its answer ended at
+// the upstream, or once Caddy was done with it when that came first (a
+// response-header timeout answers 504 while the upstream still works).
+func (o *outcome) heldUntil() time.Time {
+	if o.exec == nil || o.exec.Finished.IsZero() || o.done.Before(o.exec.Finished) {
+		return o.done
+	}
+	return o.exec.Finished
 }
 
 // judgeStep checks one step's attempts.
@@ -162,7 +209,7 @@ func problemSlug(r *Result, pol Policy) string {
 		_ = json.Unmarshal(r.Body, &p)
 		return strings.TrimPrefix(p.Type, "urn:caddy-idempotency:")
 	}
-	if pol.HandleErrors && len(r.Body) == 0 && r.Header.Get(HeaderReq) == "" && slices.Contains([]int{400, 409, 413, 422, 429, 503}, r.Status) {
+	if pol.HandleErrors && len(r.Body) == 0 && r.Header.Get(HeaderReq) == "" && slices.Contains([]int{400, 409, 413, 415, 422, 429, 502, 503}, r.Status) {
 		return "?"
 	}
 	return ""
@@ -178,6 +225,16 @@ func (j *judge) checkReject(o *outcome) {
 	}
 	if o.res.NoAnswer || o.res.Status != o.d.status || slug != o.d.slug && slug != "?" {
 		j.fail("wrong-answer", "%s: want %d %s (%s), got %s", o.a.ID, o.d.status, o.d.slug, o.d.why, o.res.describe())
+		return
+	}
+	if o.d.status == 415 {
+		// RFC 9110 15.5.16: the answer says which codings it decodes.
+		ae := strings.ToLower(o.res.Header.Get("Accept-Encoding"))
+		for _, c := range []string{"gzip", "deflate", "zstd"} {
+			if !strings.Contains(ae, c) {
+				j.fail("wrong-answer", "%s: a 415 for a coding must list the codings it decodes in Accept-Encoding, %s missing: %s", o.a.ID, c, o.res.describe())
+			}
+		}
 	}
 }
 
@@ -198,7 +255,11 @@ func (j *judge) checkTransparent(o *outcome) {
 		}
 		return
 	}
-	if !b.ValidFinal() {
+	if b.Fail == FailRefused {
+		j.checkRefused(o, "not-transparent")
+		return
+	}
+	if !b.ValidFinal() && b.Fail == "" {
 		j.invalidStatus++ // net/http panics on it, as it would without the module
 	}
 	if o.exec == nil {
@@ -209,22 +270,22 @@ func (j *judge) checkTransparent(o *outcome) {
 	j.checkOwnAnswer(o, "not-transparent")
 }
 
-// checkArrived checks that the upstream received what the client sent;
-// identity says the handler ran the request (it asks for an identity
-// body).
+// checkArrived checks that the upstream received what the client sent,
+// byte for byte as it spelt it (an encoded body still encoded); identity
+// says the handler ran the request (it asks for an identity body).
 func (j *judge) checkArrived(o *outcome, identity bool) {
 	e, a := o.exec, o.a
-	if e.BodyErr != "" || !slices.Equal(e.Body, a.Body) && !(len(e.Body) == 0 && len(a.Body) == 0) {
-		j.fail("body-changed", "%s: the upstream received %d bytes (%s), the client sent %d", a.ID, len(e.Body), e.BodyErr, len(a.Body))
+	if sent := a.bodyOnWire(); e.BodyErr != "" || !slices.Equal(e.Body, sent) && !(len(e.Body) == 0 && len(sent) == 0) {
+		j.fail("body-changed", "%s: the upstream received %d bytes (%s), the client sent %d", a.ID, len(e.Body), e.BodyErr, len(sent))
 	}
-	for _, name := range []string{"Idempotency-Key", "X-Request-Key", "Content-Type", "Authorization", "Prefer"} {
-		sent := a.headerValues(name)
+	for _, name := range []string{"Idempotency-Key", "X-Request-Key", "Content-Type", "Content-Encoding", "Authorization", "Prefer"} {
+		sent := a.wireValues(name)
 		got := e.Header.Values(name)
 		if !slices.Equal(sent, got) && !(len(sent) == 0 && len(got) == 0) {
 			j.fail("header-changed", "%s: the upstream received %s %q, the client sent %q", a.ID, name, got, sent)
 		}
 	}
-	sentAE, _ := a.header("Accept-Encoding")
+	sentAE := strings.Join(a.wireValues("Accept-Encoding"), ",")
 	gotAE := e.Header.Get("Accept-Encoding")
 	if identity && gotAE != "identity" && gotAE != "" {
 		j.fail("header-changed", "%s: a request the handler runs must ask for identity, the upstream saw Accept-Encoding %q", a.ID, gotAE)
@@ -242,6 +303,11 @@ func (j *judge) checkOwnAnswer(o *outcome, kind string) {
 		return
 	}
 	switch {
+	case b.Fail == FailTimeout:
+		if r.NoAnswer || r.Status != 504 || r.Header.Get(HeaderReq) != "" {
+			j.fail(kind, "%s: the upstream answered after the proxy's response_header_timeout: want 504, got %s", o.a.ID, r.describe())
+		}
+		return
 	case b.CloseBeforeStatus || b.Status == 1000:
 		if r.NoAnswer || r.Status != 502 {
 			j.fail(kind, "%s: the upstream gave no valid status: want 502, got %s", o.a.ID, r.describe())
@@ -272,6 +338,19 @@ func (j *judge) checkOwnAnswer(o *outcome, kind string) {
 		if r.Header.Get(name) != "" {
 			j.fail(kind, "%s: an answer that is no replay carries %s", o.a.ID, name)
 		}
+	}
+}
+
+// checkRefused checks an attempt whose proxy dialed an address that
+// refuses connections: the upstream never ran it, and its client got
+// Caddy's 502.
+func (j *judge) checkRefused(o *outcome, kind string) {
+	r := o.res
+	if o.exec != nil {
+		j.fail(kind, "%s: its proxy dials an address that refuses connections, yet the upstream ran it", o.a.ID)
+	}
+	if o.a.Mode == ReadAll && (r.NoAnswer || r.Status != 502 || r.Header.Get(HeaderReq) != "") {
+		j.fail(kind, "%s: its proxy dials an address that refuses connections: want Caddy's 502, got %s", o.a.ID, r.describe())
 	}
 }
 

@@ -2,6 +2,7 @@ package model
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -14,41 +15,65 @@ import (
 // other answer one the contract allows then.
 func (j *judge) judgeKey(rk recKey, outs []*outcome) {
 	old := j.recs[rk]
-	var execs []*outcome
+	var owners []*outcome // the attempts that took the key: handed on to the upstream
 	for _, o := range outs {
-		if o.exec != nil {
-			execs = append(execs, o)
+		switch {
+		case o.passedOpen():
+			// Not the key's: the handler passed it on (fail_open).
+			j.passedOpen++
+			j.checkArrived(o, false)
+			j.checkOwnAnswer(o, "wrong-answer")
+		case o.owned():
+			owners = append(owners, o)
 		}
 	}
-	slices.SortFunc(execs, func(a, b *outcome) int { return a.exec.Arrived.Compare(b.exec.Arrived) })
+	slices.SortFunc(owners, func(a, b *outcome) int { return a.start().Compare(b.start()) })
 
-	// Executions: never two at once, never while a record lives.
+	// Owners: never two at once, never while a record lives.
 	live := old
 	var kept []*record
-	for i, o := range execs {
-		arrived := o.exec.Arrived
-		for _, p := range execs[:i] {
-			if p.exec.Finished.IsZero() || arrived.Before(p.exec.Finished.Add(-slack)) {
-				j.fail("duplicate", "%s ran while %s (same key %q) was still running: two executions at once", o.a.ID, p.a.ID, rk.key)
+	for i, o := range owners {
+		arrived := o.start()
+		for _, p := range owners[:i] {
+			if p.exec != nil && o.exec != nil && arrived.Before(p.heldUntil().Add(-slack)) {
+				kind, spelling := spelt("duplicate", "equivalent-ran", o.a, p.a)
+				j.fail(kind, "%s ran while %s (same key %q) was still running: two executions at once%s", o.a.ID, p.a.ID, rk.key, spelling)
 			}
 		}
 		if live != nil {
 			if lo, _ := live.expiry(); arrived.Before(lo) {
-				if live.fp != o.d.fp {
+				switch {
+				case live.unknown:
+					want := "the outcome-unknown answer"
+					if live.fp != o.d.fp {
+						want = "422, for another request"
+					}
+					j.fail("ran-after-unknown", "%s ran although key %q holds the outcome-unknown record of %s (%s; ttl %s; want %s): the upstream may have run it twice",
+						o.a.ID, rk.key, live.owner.ID, live.owner.Do.failure(), live.ttl, want)
+				case live.fp != o.d.fp:
 					j.fail("ran-mismatch", "%s ran although key %q holds the record of %s for another request (want 422)", o.a.ID, rk.key, live.owner.ID)
-				} else {
-					j.fail("duplicate", "%s ran although key %q holds the record of %s (ttl %s): the upstream ran twice", o.a.ID, rk.key, live.owner.ID, live.ttl)
+				default:
+					kind, spelling := spelt("duplicate", "equivalent-ran", o.a, live.owner)
+					j.fail(kind, "%s ran although key %q holds the record of %s (ttl %s): the upstream ran twice%s", o.a.ID, rk.key, live.owner.ID, live.ttl, spelling)
 				}
 			}
 		}
-		j.checkArrived(o, true)
-		j.checkOwnAnswer(o, "wrong-answer")
-		if j.frees(o) {
+		if o.exec != nil {
+			j.checkArrived(o, true)
+			j.checkOwnAnswer(o, "wrong-answer")
+		} else if o.a.Do.Fail == FailRefused {
+			j.checkRefused(o, "wrong-answer")
+		}
+		switch j.settles(o) {
+		case keyFreed:
 			live = nil
 			delete(j.scopeKey(rk.scope), rk.key)
 			continue
+		case keyUnknown:
+			live = j.unknownRecord(o)
+		default:
+			live = j.newRecord(o)
 		}
-		live = j.newRecord(o)
 		kept = append(kept, live)
 		j.all = append(j.all, live)
 		j.scopeKey(rk.scope)[rk.key] = true
@@ -60,7 +85,7 @@ func (j *judge) judgeKey(rk recKey, outs []*outcome) {
 		candidates = append(candidates, old)
 	}
 	for _, o := range outs {
-		if o.exec != nil {
+		if o.owned() || o.passedOpen() {
 			continue
 		}
 		j.judgeNonExecuting(rk, o, outs, candidates)
@@ -68,7 +93,7 @@ func (j *judge) judgeKey(rk recKey, outs []*outcome) {
 
 	// The record in force after the step.
 	switch {
-	case len(execs) > 0 && live == nil:
+	case len(owners) > 0 && live == nil:
 		delete(j.recs, rk)
 	case live != nil:
 		j.recs[rk] = live
@@ -89,11 +114,33 @@ func (j *judge) scopeKey(scope string) map[string]bool {
 	return m
 }
 
-// frees reports whether an execution frees its key: a status in
-// release_on, or no valid final status.
-func (j *judge) frees(o *outcome) bool {
+// How an owner leaves its key (settles).
+const (
+	keyRecorded = iota // its response is recorded
+	keyFreed           // the key is free again: the next request runs
+	keyUnknown         // an outcome-unknown record keeps it
+)
+
+// settles says how an attempt that owned its key leaves it: freed when
+// nothing reached the upstream or its status is in release_on; kept as
+// an outcome-unknown record when the request reached the upstream (or may
+// have) and no final status came back, unless on_unknown_outcome
+// releases it; else recorded.
+func (j *judge) settles(o *outcome) int {
 	b := o.a.Do
-	return b.FailsBeforeStatus() || b.Status == 1000 || o.d.pol.releases(b.Status)
+	switch b.Settles() {
+	case SettlesNotSent:
+		return keyFreed
+	case SettlesUnknown:
+		if o.d.pol.releasesUnknown() {
+			return keyFreed
+		}
+		return keyUnknown
+	}
+	if o.d.pol.releases(b.Status) {
+		return keyFreed
+	}
+	return keyRecorded
 }
 
 // newRecord is the record an execution that keeps its key leaves.
@@ -109,13 +156,20 @@ func (j *judge) newRecord(o *outcome) *record {
 	return r
 }
 
-// holders are the attempts of outs that held rk's key in flight, and
-// when: executions, and attempts whose handler panicked before the
-// upstream.
+// unknownRecord is the outcome-unknown record an owner whose request
+// failed before any status leaves: written once the handler in front of
+// the upstream returned (or panicked), before Caddy was done with it.
+func (j *judge) unknownRecord(o *outcome) *record {
+	return &record{fp: o.d.fp, parts: o.d.parts, exec: o.exec, owner: o.a, ttl: o.d.pol.TTL, lo: o.start(), hi: o.done, unknown: true}
+}
+
+// holders are the attempts of outs that held rk's key in flight: those
+// handed on to the upstream (executions, a refused dial, a panic before
+// it).
 func holders(outs []*outcome) []*outcome {
 	var out []*outcome
 	for _, o := range outs {
-		if o.exec != nil || o.res.NoAnswer && o.a.Do.Panic == "before" && o.a.Mode == ReadAll {
+		if o.owned() {
 			out = append(out, o)
 		}
 	}
@@ -152,7 +206,7 @@ func waits(a *Attempt, p Policy) (time.Duration, bool) {
 func (j *judge) judgeNonExecuting(rk recKey, o *outcome, outs []*outcome, candidates []*record) {
 	r, p := o.res, o.d.pol
 	if r.NoAnswer {
-		if o.a.Mode != ReadAll || o.a.Do.Panic == "before" {
+		if o.a.Mode != ReadAll {
 			return
 		}
 		j.fail("no-answer", "%s got no answer (%s) and never reached the upstream", o.a.ID, r.Err)
@@ -160,6 +214,8 @@ func (j *judge) judgeNonExecuting(rk recKey, o *outcome, outs []*outcome, candid
 	}
 	slug := problemSlug(r, p)
 	switch {
+	case slug == "outcome-unknown" || slug == "?" && r.Status == 502:
+		j.judgeUnknownAnswer(rk, o, outs, candidates)
 	case slug == "request-outstanding" || slug == "?" && r.Status == 409:
 		var holding []*outcome
 		for _, h := range holders(outs) {
@@ -192,7 +248,8 @@ func (j *judge) judgeNonExecuting(rk recKey, o *outcome, outs []*outcome, candid
 			}
 		}
 		if rec == nil {
-			j.fail("wrong-answer", "%s got 422 but no record of another request held key %q: %s", o.a.ID, rk.key, r.describe())
+			kind, spelling := spelt("wrong-answer", "equivalent-mismatch", append(sameRequest(o, outs, candidates), o.a)...)
+			j.fail(kind, "%s got 422 but no record of another request held key %q: %s%s", o.a.ID, rk.key, r.describe(), spelling)
 			return
 		}
 		var pb struct {
@@ -208,12 +265,79 @@ func (j *judge) judgeNonExecuting(rk recKey, o *outcome, outs []*outcome, candid
 			j.fail("wrong-answer", "%s got 429 although its client holds %d keys (limit %d)", o.a.ID, len(j.scopeKey(rk.scope)), limit)
 		}
 	case slug != "":
-		j.fail("wrong-answer", "%s: a healthy store answered %d %s: %s", o.a.ID, r.Status, slug, r.describe())
+		kind, spelling := spelt("wrong-answer", "equivalent-refused", o.a)
+		j.fail(kind, "%s: a healthy store answered %d %s: %s%s", o.a.ID, r.Status, slug, r.describe(), spelling)
 	case r.Header.Get(HeaderReq) != "" && r.Header.Get(HeaderReq) != o.a.ID:
 		j.judgeReplay(rk, o, candidates)
 	default:
 		j.fail("wrong-answer", "%s never reached the upstream and got %s", o.a.ID, r.describe())
 	}
+}
+
+// judgeUnknownAnswer checks an outcome-unknown answer: a record of this
+// key and body whose outcome is unknown may have been live, and the
+// answer is the problem the contract says (502, not retryable).
+func (j *judge) judgeUnknownAnswer(rk recKey, o *outcome, outs []*outcome, candidates []*record) {
+	r := o.res
+	var rec *record
+	for _, c := range candidates {
+		if c.unknown && c.fp == o.d.fp && j.possiblyLive(c, o) {
+			rec = c
+		}
+	}
+	if rec == nil {
+		j.fail("wrong-answer", "%s got the outcome-unknown answer but no request with key %q and its body failed before its status: %s", o.a.ID, rk.key, r.describe())
+		return
+	}
+	if r.Status != 502 {
+		j.fail("wrong-answer", "%s: the outcome-unknown answer has status %d, want 502: %s", o.a.ID, r.Status, r.describe())
+	}
+	if r.Header.Get("Content-Type") == "application/problem+json" {
+		var pb struct {
+			Retryable *bool `json:"retryable"`
+		}
+		if json.Unmarshal(r.Body, &pb) != nil || pb.Retryable == nil || *pb.Retryable {
+			j.fail("wrong-answer", "%s: the outcome-unknown answer must say retryable false: %s", o.a.ID, r.describe())
+		}
+	}
+	if h := o.d.pol.ReplayHeader; h != "off" && r.Header.Get(h) != "" {
+		j.fail("wrong-answer", "%s: the outcome-unknown answer is no replay, yet carries %s", o.a.ID, h)
+	}
+}
+
+// spelt returns kind, or equivalent when an attempt in question spells
+// its request otherwise than plainly (form.go): the oracle takes each as
+// its plain request, so an anomaly between them is one of a variant that
+// HTTP calls the same request getting another outcome. The note says how
+// each was spelt.
+func spelt(kind, equivalent string, as ...*Attempt) (string, string) {
+	var forms []string
+	for _, a := range as {
+		if f := a.Form.String(); f != "" {
+			forms = append(forms, fmt.Sprintf("%s as (%s)", a.ID, f))
+		}
+	}
+	if len(forms) == 0 {
+		return kind, ""
+	}
+	return equivalent, "; sent " + strings.Join(forms, ", ") + ", which HTTP calls the same request as its plain spelling"
+}
+
+// sameRequest are the attempts that made or hold records of o's key and
+// request (its fingerprint), whose spelling may have split them from o.
+func sameRequest(o *outcome, outs []*outcome, candidates []*record) []*Attempt {
+	var as []*Attempt
+	for _, c := range candidates {
+		if c.fp == o.d.fp {
+			as = append(as, c.owner)
+		}
+	}
+	for _, h := range holders(outs) {
+		if h.d.fp == o.d.fp && h != o {
+			as = append(as, h.a)
+		}
+	}
+	return as
 }
 
 // possiblyLive reports whether rec may have been live during o.

@@ -35,7 +35,7 @@ var (
 	flagLong   = flag.Bool("model.long", false, "version 1 only: add a client that stops reading for 20 s")
 	flagStore  = flag.String("model.store", "", "run only this store (memory, redis, postgres)")
 	flagBase   = flag.Uint64("model.base", defaultBase, "first seed (0: random, printed)")
-	flagVer    = flag.Int("model.version", 2, "generator version (1: that of the regression seeds before 2026-12)")
+	flagVer    = flag.Int("model.version", 3, "generator version (1: that of the regression seeds before 2026-12; 2: before 2026-12-07)")
 	flagAll    = flag.Bool("model.all", false, "every scenario of its store in every trial")
 
 	flagShrinkKinds = flag.Int("model.shrink-kinds", 3, "kinds of anomaly to shrink a failing trial for")
@@ -133,7 +133,12 @@ func newEnv(t *testing.T) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Env{Up: up, Port: func() int { return freePort(t) }, TLS: tls}
+	refuse, err := caddyproc.NewRefuser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { refuse.Close() })
+	return &Env{Up: up, Port: func() int { return freePort(t) }, TLS: tls, Refuse: refuse.Addr}
 }
 
 func TestModel(t *testing.T) {
@@ -162,7 +167,7 @@ func trialOptions(st setting, i, n int) GenOptions {
 	if o.Version == 1 {
 		return o
 	}
-	kinds := scenarioKinds(st.store, st.name)
+	kinds := scenarioKinds(st.store, st.name, o.Version)
 	o.Cover = cover(kinds, i, n)
 	if *flagAll {
 		o.Cover = kinds
@@ -174,38 +179,99 @@ func trialOptions(st setting, i, n int) GenOptions {
 }
 
 // regressions are the seeds that found bugs on the code before they were
-// fixed (main 168c050), kept so that each stays fixed: what the seed's
-// trial does is fixed by the seed, the store and the number of steps.
+// fixed, kept so that each stays fixed: what the seed's trial does is
+// fixed by the seed, the store, the number of steps, the generator's
+// version and the scenarios it covers.
 //
-// These were found by version 1 of the generator and run as version 1.
+// The first ones were found by version 1 of the generator (main 168c050)
+// and run as version 1 (version 0 here).
 var regressions = []struct {
 	store, setting string
 	seed           uint64
 	steps          int
-	found          string
+	version        int      // of the generator; 0: 1
+	cover          []string // the scenarios of the trial (version 2 and up)
+	// finds is the anomaly kind the seed found, for a rule that
+	// knownFailing lists as not kept yet: until the fix the seed must
+	// still find it; after, it must pass.
+	finds string
+	found string
 }{
-	{"memory", "", 41001, 25, "observe around enforce ran keys several times; an upstream's 042 made the memory store panic on every retry"},
-	{"redis", "", 41010, 25, "observe around enforce ran a key again for another body (no 422)"},
-	{"memory", "", 41009, 25, "a request going on without a key (key_json, observe) reached the upstream with a closed body"},
-	{"memory", "", 41027, 25, "an upstream's 042 was recorded and the memory store panicked; differs named equal members"},
-	{"memory", "", 41007, 25, "trailers lost on replay; a gzip body the upstream sent despite identity replayed to clients that never asked"},
-	{"memory", "", 41000, 25, "the upstream's Server header replaced by Caddy's on replay"},
-	{"memory", "", 41003, 25, "lock_timeout 25h loaded"},
-	{"memory", "", 50773, 25, "lock_timeout near the int64 maximum loaded, and requests with one key ran several times"},
-	{"redis", "", 50580, 25, "lock_timeout 60000d gave PEXPIRE a negative value: a key ran twice"},
-	{"redis", "", 30002, 25, "replay_cache let an outer header replace rewrite the cached record on every replay"},
-	{"postgres", "serializable", 40001, 25, "serialization failures ran keys several times under fail_open, and answered 503"},
-	{"postgres", "repeatable read", 40005, 25, "serialization failures ran keys several times under fail_open"},
+	{"memory", "", 41001, 25, 0, nil, "", "observe around enforce ran keys several times; an upstream's 042 made the memory store panic on every retry"},
+	{"redis", "", 41010, 25, 0, nil, "", "observe around enforce ran a key again for another body (no 422)"},
+	{"memory", "", 41009, 25, 0, nil, "", "a request going on without a key (key_json, observe) reached the upstream with a closed body"},
+	{"memory", "", 41027, 25, 0, nil, "", "an upstream's 042 was recorded and the memory store panicked; differs named equal members"},
+	{"memory", "", 41007, 25, 0, nil, "", "trailers lost on replay; a gzip body the upstream sent despite identity replayed to clients that never asked"},
+	{"memory", "", 41000, 25, 0, nil, "", "the upstream's Server header replaced by Caddy's on replay"},
+	{"memory", "", 41003, 25, 0, nil, "", "lock_timeout 25h loaded"},
+	{"memory", "", 50773, 25, 0, nil, "", "lock_timeout near the int64 maximum loaded, and requests with one key ran several times"},
+	{"redis", "", 50580, 25, 0, nil, "", "lock_timeout 60000d gave PEXPIRE a negative value: a key ran twice"},
+	{"redis", "", 30002, 25, 0, nil, "", "replay_cache let an outer header replace rewrite the cached record on every replay"},
+	{"postgres", "serializable", 40001, 25, 0, nil, "", "serialization failures ran keys several times under fail_open, and answered 503"},
+	{"postgres", "repeatable read", 40005, 25, 0, nil, "", "serialization failures ran keys several times under fail_open"},
+	// Version 3, found on main 7b26018 (issue 38 item 3).
+	{"memory", "", 70006, 15, 3, nil, "ran-after-unknown",
+		"a reverse_proxy whose response_header_timeout is shorter than the upstream takes answered 504, and the retry ran the request again (2 executions)"},
+	{"memory", "", 39001, 0, 3, []string{scUpstream}, "ran-after-unknown",
+		"an upstream that reset the connection (or closed it) once it read the request: 502, and the retry ran again; a 504 the same; over HTTP/1.1, HTTP/2, h2c and HTTP/3"},
+	{"redis", "", 39001, 0, 3, []string{scUpstream}, "ran-after-unknown", "the same on Redis"},
+	{"postgres", "", 39001, 0, 3, []string{scUpstream}, "ran-after-unknown", "the same on PostgreSQL"},
+	// A false alarm of a judge, on main 7b26018 (issue 38 item 6): the
+	// pause judge took the keys whose records had expired (ttl 2s, drawn
+	// by the ttl scenario) before the burst's second wave for duplicates.
+	// As -model.base 31788901234 -model.trials 1 -model.version 2 draws
+	// it: every scenario of Redis.
+	{"redis", "", 31788901234, 15, 2, scenarioKindsV2("redis", ""), "",
+		"false alarm: 22 duplicates of the pause scenario whose records a 2s ttl had expired"},
+	// Version 3's request spellings, found on main 7b26018 (issue 38 item
+	// 2) as trials 5, 26, 23 and 37 of -model.base 39000 -model.trials 40:
+	// trial 5 covered the resume scenario, the others none.
+	{"memory", "", 39005, 15, 3, []string{scResume}, "", "a host spelt in upper case was a scope of its own: a key held by the host in lower case ran again"},
+	{"memory", "", 39026, 15, 3, nil, "", "JSON bodies sent gzipped or deflated got 400 body-invalid-json; a host in mixed case ran a key again"},
+	{"memory", "", 39023, 15, 3, nil, "", "key_json found no key in a webhook delivered in zstd and passed it on unprotected: it ran twice"},
+	{"memory", "", 39037, 15, 3, nil, "", "a zstd body in zlib without its checksum decoded as if whole (the decoder of the new codings, before its fix)"},
+	// Version 3's other writers of the store, found on main 7b26018 (issue
+	// 38 item 5) as trials 7 and 9 of -model.base 39200 -model.trials 10.
+	{"postgres", "", 39207, 15, 3, []string{scLocked}, "", "up to 20 concurrent requests for a locked key stalled every batch: 78 unrelated requests got 503 from a healthy store"},
+	{"postgres", "", 39209, 15, 3, []string{scLockedLease}, "", "a live lease whose row was locked past lock_timeout was taken over when the lock went: the key ran twice"},
+	// Version 3's silent upstreams and waiter storms, found on main 7b26018
+	// (issue 38 items 3 and 4), each seed 26000 with its scenario alone.
+	{"memory", "", 26000, 0, 3, []string{scSilent}, "", "an upstream silent for longer than the stall timeout after its flushed headers or its first bytes: the HTTP/2 and h2c clients' streams were reset (the stall deadline stayed armed between writes)"},
+	{"memory", "", 26000, 0, 3, []string{scStorm}, "", "one key's 1,000 waiting retries took every place in the wait: another client's retry got 409 at once"},
+	// Found by make soak's fresh seeds on main 318c982, as trial 2 of
+	// -model.base 22192887568 -model.trials 3 on PostgreSQL.
+	{"postgres", "", 22192887570, 15, 3, cover(scenarioKinds("postgres", "", 3), 2, 3), "",
+		"a burst of up to 150 new keys, retried while in flight under in_flight wait, on a store 30 ms away with max_conns 4: a poller per waited key took every connection, and reserves timed out into 503 from a healthy store"},
 }
+
+// knownFailing are the anomaly kinds of rules of the contract that the
+// code does not keep yet, each with the issue that fixes it: TestModel
+// logs them without failing, and TestModelRegressions checks that the
+// seeds that found them still do. The fix empties it (ran-after-unknown
+// was here until issue 39 item 1, unknown outcomes keep the key).
+var knownFailing = map[string]string{}
 
 // TestModelRegressions runs the regression seeds.
 func TestModelRegressions(t *testing.T) {
 	forEachSetting(t, func(t *testing.T, st setting, env *Env) {
 		for _, r := range regressions {
-			if r.store == st.store && r.setting == st.name {
-				t.Logf("seed %d: %s", r.seed, r.found)
-				run(t, env, st, r.seed, GenOptions{Store: Store{Kind: st.store}, Setting: st.name, Steps: r.steps, Version: 1})
+			if r.store != st.store || r.setting != st.name {
+				continue
 			}
+			t.Logf("seed %d: %s", r.seed, r.found)
+			o := GenOptions{Store: Store{Kind: st.store}, Setting: st.name, Steps: r.steps, Version: max(r.version, 1), Cover: r.cover}
+			if st.store != "memory" && slices.Contains(o.Cover, scScale) {
+				o.Latency = 30 * time.Millisecond // as trialOptions draws it
+			}
+			if issue, known := knownFailing[r.finds]; known {
+				tr := Generate(r.seed, o)
+				tr.Setting = st.name
+				if !slices.ContainsFunc(env.Run(tr), func(a Anomaly) bool { return a.Kind == r.finds }) {
+					t.Errorf("seed %d (version %d) no longer finds %s, which %s fixes: take %s out of knownFailing", r.seed, r.version, r.finds, issue, r.finds)
+				}
+				continue
+			}
+			run(t, env, st, r.seed, o)
 		}
 	})
 }
@@ -249,7 +315,15 @@ func run(t *testing.T, env *Env, st setting, seed uint64, o GenOptions) {
 	tr := Generate(seed, o)
 	tr.Setting = st.name
 	stats.trial(tr)
-	if an := env.Run(tr); len(an) > 0 {
+	an := env.Run(tr)
+	an = slices.DeleteFunc(an, func(a Anomaly) bool {
+		issue, known := knownFailing[a.Kind]
+		if known {
+			t.Logf("seed %d: a rule not kept yet (%s): %s", seed, issue, a)
+		}
+		return known
+	})
+	if len(an) > 0 {
 		reportFailure(t, env, tr, an)
 	}
 }

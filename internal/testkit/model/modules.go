@@ -35,7 +35,26 @@ var tracker = struct {
 	done    map[string]chan struct{}
 	at      map[string]time.Time
 	started map[string]bool
-}{done: make(map[string]chan struct{}), at: make(map[string]time.Time), started: make(map[string]bool)}
+	reached map[string]time.Time // when the fault handler (in front of the upstream) got it
+}{done: make(map[string]chan struct{}), at: make(map[string]time.Time), started: make(map[string]bool), reached: make(map[string]time.Time)}
+
+// markReached says that attempt id reached the handler in front of the
+// upstream: the idempotency handlers let it through (it owns its key).
+func markReached(id string, at time.Time) {
+	tracker.mu.Lock()
+	defer tracker.mu.Unlock()
+	if _, ok := tracker.reached[id]; !ok {
+		tracker.reached[id] = at
+	}
+}
+
+// reachedAt is when attempt id reached the handler in front of the
+// upstream, zero if it never did.
+func reachedAt(id string) time.Time {
+	tracker.mu.Lock()
+	defer tracker.mu.Unlock()
+	return tracker.reached[id]
+}
 
 // markStarted says that Caddy's handlers got attempt id.
 func markStarted(id string) {
@@ -103,6 +122,11 @@ func forgetTracked(prefix string) {
 			delete(tracker.started, id)
 		}
 	}
+	for id := range tracker.reached {
+		if strings.HasPrefix(id, prefix) {
+			delete(tracker.reached, id)
+		}
+	}
 }
 
 // clockForModules is the model's clock, shared with the modules.
@@ -131,6 +155,7 @@ func (faultHandler) CaddyModule() caddy.ModuleInfo {
 }
 
 func (faultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	markReached(r.Header.Get(HeaderReq), clockForModules())
 	b, _ := ParseBehaviour(r.Header.Get(HeaderDo))
 	switch b.Panic {
 	case "before":

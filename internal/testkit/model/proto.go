@@ -58,10 +58,10 @@ func sendHTTP(plain string, tlsSrv *TLSServer, p Proto, a *Attempt, clock func()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var body io.Reader
-	if len(a.Body) > 0 || a.Method == http.MethodPost || a.Method == http.MethodPut || a.Method == http.MethodPatch {
-		body = bytes.NewReader(a.Body)
+	if sent := a.bodyOnWire(); len(sent) > 0 || a.Method == http.MethodPost || a.Method == http.MethodPut || a.Method == http.MethodPatch {
+		body = bytes.NewReader(sent)
 		if a.Chunked {
-			body = io.MultiReader(bytes.NewReader(a.Body)) // no length: streamed
+			body = io.MultiReader(bytes.NewReader(sent)) // no length: streamed
 		}
 	}
 	if a.Mode == HangUp {
@@ -73,8 +73,8 @@ func sendHTTP(plain string, tlsSrv *TLSServer, p Proto, a *Attempt, clock func()
 		res.NoAnswer, res.Err = true, "request: "+err.Error()
 		return res
 	}
-	req.Host = a.Host
-	for _, kv := range a.Header {
+	req.Host = a.hostOnWire(p != H2C)
+	for _, kv := range a.headerOnWire() {
 		req.Header.Add(kv[0], kv[1])
 	}
 	req.Header.Set(HeaderReq, a.ID)

@@ -29,11 +29,42 @@ const (
 	scResume    = "resume"    // clients that sleep past the stall timeout and resume, over every protocol
 	scStall     = "stall"     // a client that stops reading, over every protocol
 	scRetry     = "retry"     // a key retried with another body, and one freed by a 5xx
+	scUpstream  = "upstream"  // (version 3) every way an upstream fails, over every protocol, each retried
+
+	// Version 3.
+	scLockedLease = "lockedlease" // the row of a live, renewing lease locked from outside for longer than the lease
+	scSilent      = "silent"      // upstreams silent past the stall timeout after their headers or first bytes, over every protocol (version 3)
+	scStorm       = "storm"       // one client's retry storm on its key while another client's retry waits (version 3)
 )
 
 // scenarioKinds are the scenarios a store's trials cover, spread over
-// the trials of a run (cover).
-func scenarioKinds(store, setting string) []string {
+// the trials of a run (cover). Kinds that version 3 adds come after
+// version 2's, and only in version 3, so that a version 2 seed covers
+// what it covered.
+func scenarioKinds(store, setting string, version int) []string {
+	kinds := scenarioKindsV2(store, setting)
+	if version < 3 {
+		return kinds
+	}
+	kinds = append(kinds, scUpstream)
+	if store == "postgres" && setting == "" {
+		kinds = append(kinds, scLockedLease)
+	}
+	switch {
+	case store == "memory":
+		// What a client's side or the handler's places show; the store
+		// changes nothing of either.
+		kinds = append(kinds, scSilent, scStorm)
+	case setting == "":
+		// Waiters wait on the store: Redis's notifications, PostgreSQL's
+		// shared poll.
+		kinds = append(kinds, scStorm)
+	}
+	return kinds
+}
+
+// scenarioKindsV2 are version 2's kinds.
+func scenarioKindsV2(store, setting string) []string {
 	switch {
 	case store == "memory":
 		return []string{scLease, scTTL, scScale, scFill, scSlow, scResume, scStall, scRetry}
@@ -65,13 +96,17 @@ func cover(kinds []string, i, n int) []string {
 
 // needsLease reports whether a scenario kind times itself on the lease.
 func needsLease(kind string) bool {
-	return slices.Contains([]string{scLease, scPartition, scTakeover, scAftercare, scScale, scPause}, kind)
+	return slices.Contains([]string{scLease, scPartition, scTakeover, scAftercare, scScale, scPause, scLockedLease, scStorm}, kind)
 }
 
 // fault is something done to the store's paths during a step. (A path's
 // latency is the trial's: Trial.Latency.)
 type fault struct {
-	Kind  string // stall (a black hole, or the store paused: bytes held), cut (connections refused and closed)
+	// stall (a black hole, or the store paused: bytes held), cut
+	// (connections refused and closed); version 3: lock (the row of the
+	// step's first attempt locked by an outside transaction), cpu (every
+	// core kept busy by other processes, as on CI and shared hosts).
+	Kind  string
 	Paths string // a, b or ab
 	// From and To are when it starts and ends, in leases after the step's
 	// anchor (the first request reaching the upstream).
@@ -88,6 +123,14 @@ type timing struct {
 	// until Until (in leases) or until it gets a replay: a client
 	// retrying while a fault heals.
 	Every, Until float64
+
+	// The locked scenario's, version 3: how the row is locked ("insert":
+	// an uncommitted insert of the key; "lapsed": a lapsed lease's row
+	// held FOR UPDATE), for how long, and how many of the step's first
+	// attempts after the warm-up are the locked key's.
+	Lock   string
+	Hold   time.Duration
+	Copies int
 }
 
 // scenarioStep draws a step of kind for the trial. It returns false when
@@ -150,6 +193,7 @@ func (g *gen) scenarioStep(kind string) (Step, bool) {
 			a.Leases = 2.5
 			st.Attempts = append(st.Attempts, a)
 		}
+		busy := g.v3 && g.r3.IntN(2) == 0
 		for i := range n {
 			retry := *st.Attempts[i]
 			retry.ID = g.nextID()
@@ -164,6 +208,10 @@ func (g *gen) scenarioStep(kind string) (Step, bool) {
 		for i := range n {
 			st.Timing.At[i] = -1 // all at once
 			st.Timing.At[n+i] = 1.3
+		}
+		if busy {
+			// With the cores taken by other processes all along.
+			st.Timing.Fault = &fault{Kind: "cpu", Paths: "ab", From: 0, To: 2.5}
 		}
 	case scPause:
 		// Both paths stalled for a fifth of a lease under a burst of new
@@ -192,6 +240,19 @@ func (g *gen) scenarioStep(kind string) (Step, bool) {
 		// scope's hash (the scenarios' intents share one).
 		warm, locked := g.scenarioIntent(), g.scenarioIntent()
 		st.Attempts = []*Attempt{g.scenarioAttempt(warm, "a", g.fast()), g.scenarioAttempt(locked, "a", g.fast()), g.scenarioAttempt(locked, "a", g.fast())}
+		if g.v3 {
+			// Version 3: up to 20 concurrent requests for the locked key,
+			// its row held by an uncommitted insert or as a lapsed
+			// lease's, for longer than the store's timeout or for less
+			// than its lock wait.
+			r3 := g.r3
+			st.Timing = &timing{Lock: pick(r3, "insert", "lapsed"), Hold: pick(r3, lockHold, 200*time.Millisecond), Copies: 2 + r3.IntN(19)}
+			for range st.Timing.Copies - 2 {
+				c := *st.Attempts[1]
+				c.ID = g.nextID()
+				st.Attempts = append(st.Attempts, &c)
+			}
+		}
 		for range 30 + r.IntN(30) {
 			in := g.scenarioIntent()
 			a := g.scenarioAttempt(in, "a", g.fast())
@@ -199,6 +260,18 @@ func (g *gen) scenarioStep(kind string) (Step, bool) {
 			b.ID = g.nextID()
 			st.Attempts = append(st.Attempts, a, &b)
 		}
+	case scLockedLease:
+		// The owner runs for 3.2 leases on path a, renewing; from 0.3 to
+		// 1.9 leases an outside transaction holds its row (its renewals
+		// cannot land, and the lease lapses), while path b retries every
+		// 0.05 lease (100 ms at lock_timeout 2s) until 4 leases. When the
+		// lock goes, the owner's renewal must land before any takeover:
+		// one execution, the retries 409 and then the replay.
+		in := g.scenarioIntent()
+		owner := g.scenarioAttempt(in, "a", Behaviour{Status: 201, Size: 200, BreakAfter: -1})
+		owner.Leases = 3.2
+		st.Attempts = []*Attempt{owner, g.scenarioAttempt(in, "b", g.fast())}
+		st.Timing = &timing{At: []float64{0, 0.35}, Fault: &fault{Kind: "lock", Paths: "a", From: 0.3, To: 1.9}, Every: 0.05, Until: 4}
 	case scFill:
 		// Made-up credentials, each a scope of its own, fill the fill
 		// site's store with refusals; then a real client's new key.
@@ -244,10 +317,91 @@ func (g *gen) scenarioStep(kind string) (Step, bool) {
 		again := g.scenarioAttempt(freed, pick(r, "a", "b"), g.fast())
 		st.Attempts = []*Attempt{first, second, g.scenarioAttempt(in, "a", g.fast()), fail, again}
 		st.Kind = "sequence"
+	case scUpstream:
+		// Each way an upstream fails, over each protocol a client
+		// speaks, then a retry of the same request: the retry runs when
+		// nothing reached the upstream (a refused connection) or the
+		// upstream's own 5xx freed the key; it gets the outcome-unknown
+		// answer when the request reached the upstream and no status came
+		// back (a response-header timeout, a reset or an EOF after the
+		// request); the recorded status when it broke off mid-body.
+		if !g.v3 {
+			return Step{}, false
+		}
+		for _, p := range []Proto{H1, H2, H2C, H3} {
+			for _, fail := range upstreamFailures() {
+				in := g.scenarioIntent()
+				first := g.scenarioAttempt(in, "a", fail)
+				first.Proto = p
+				retry := g.scenarioAttempt(in, pick(g.r3, "a", "b"), g.fast())
+				retry.Proto = pick(g.r3, H1, H2, H2C, H3)
+				st.Attempts = append(st.Attempts, first, retry)
+			}
+		}
+		st.Kind = "sequence"
+	case scSilent:
+		// One client per protocol, each reading as the answer comes; its
+		// upstream sends nothing for longer than the stall timeout once
+		// its headers are out (chunked) or its first bytes (sized).
+		r3 := g.r3
+		for _, p := range []Proto{H1, H2, H2C, H3} {
+			do := Behaviour{Status: 201, Size: 16<<10 + r3.IntN(16<<10), BreakAfter: -1}
+			do.Silence = stallTimeout*3/2 + time.Duration(r3.IntN(int(2*stallTimeout)))
+			do.SilenceAfter = pick(r3, 0, 0, 1+r3.IntN(8<<10))
+			a := g.scenarioAttempt(g.scenarioIntent(), "a", do)
+			a.Proto = p
+			st.Attempts = append(st.Attempts, a)
+		}
+	case scStorm:
+		// Two first requests, of the storm's client and of another
+		// client, run for a lease and a half; a third of a lease in, the
+		// storm: more retries of the first key than the 1,000 a handler
+		// keeps waiting, with small bodies or bodies of tens of KiB; once
+		// they wait, the other client's retry, which must find a place
+		// and wait too. Every retry asks to wait (Prefer), whatever
+		// in_flight says.
+		r3 := g.r3
+		storm, other := g.scenarioIntent(), g.scenarioIntent()
+		other.auth = "Bearer other-client"
+		if r3.IntN(2) == 0 {
+			storm.body.size = 16<<10 + r3.IntN(32<<10)
+		}
+		owner := g.scenarioAttempt(storm, "a", g.fast())
+		owner.Leases = 1.5
+		otherOwner := g.scenarioAttempt(other, "a", g.fast())
+		otherOwner.Leases = 1.5
+		st.Attempts = []*Attempt{owner, otherOwner}
+		st.Timing = &timing{At: []float64{0, -1}}
+		for range 1020 + r3.IntN(40) {
+			a := g.scenarioAttempt(storm, "a", g.fast())
+			a.Header = append(a.Header, [2]string{"Prefer", "wait=30"})
+			st.Attempts = append(st.Attempts, a)
+			st.Timing.At = append(st.Timing.At, 0.3)
+		}
+		retry := g.scenarioAttempt(other, "a", g.fast())
+		retry.Header = append(retry.Header, [2]string{"Prefer", "wait=30"})
+		st.Attempts = append(st.Attempts, retry)
+		st.Timing.At = append(st.Timing.At, 0.7)
 	default:
 		return Step{}, false
 	}
 	return st, true
+}
+
+// upstreamFailures are the ways an upstream fails that the upstream
+// scenario plays: before its status (its address refusing connections,
+// a response-header timeout, a reset or an EOF once it read the
+// request), mid-body (a reset), and its own 5xx.
+func upstreamFailures() []Behaviour {
+	plain := Behaviour{Status: 201, Size: 90, BreakAfter: -1}
+	refused, timeout, reset, eof, midBody, fivexx := plain, plain, plain, plain, plain, plain
+	refused.Fail = FailRefused
+	timeout.Fail = FailTimeout
+	reset.CloseBeforeStatus, reset.Reset = true, true
+	eof.CloseBeforeStatus = true
+	midBody.BreakAfter, midBody.Reset = 10, true
+	fivexx.Status = 502
+	return []Behaviour{refused, timeout, reset, eof, midBody, fivexx}
 }
 
 // Sizes of the slow scenarios, against the model's stall timeout

@@ -148,8 +148,9 @@ func (x *trialRun) judgePause(st Step, outs []*outcome) {
 	for rk, os := range byKey {
 		ran := runs(os)
 		failOpen := len(ran) > 0 && ran[0].d.pol.FailOpen
-		if len(ran) > 1 && !failOpen {
-			j.fail("duplicate", "pause: key %q ran %d times", rk.key, len(ran))
+		if first, again := j.rerunWhileLive(ran); again != nil && !failOpen {
+			j.fail("duplicate", "pause: key %q ran %d times: %s ran while the record of %s lived (ttl %s)",
+				rk.key, len(ran), again.a.ID, first.a.ID, first.d.pol.TTL)
 		}
 		for _, o := range os {
 			if o.exec != nil {
@@ -186,26 +187,58 @@ func (x *trialRun) judgePause(st Step, outs []*outcome) {
 	}
 }
 
+// rerunWhileLive returns a run of ran that was sent while the record of
+// an earlier one (which kept its key) certainly lived, and that earlier
+// run: nil when every re-run came after the record it replaced may have
+// expired (a short ttl under a long burst) or was freed.
+func (j *judge) rerunWhileLive(ran []*outcome) (first, again *outcome) {
+	slices.SortFunc(ran, func(x, y *outcome) int { return x.exec.Arrived.Compare(y.exec.Arrived) })
+	for i, later := range ran {
+		for _, earlier := range ran[:i] {
+			if j.settles(earlier) == keyFreed {
+				continue
+			}
+			if earlier.exec.Finished.IsZero() {
+				return earlier, later // never answered: in flight for all we know
+			}
+			if lo, _ := j.newRecord(earlier).expiry(); later.res.Sent.Before(lo) {
+				return earlier, later
+			}
+		}
+	}
+	return nil, nil
+}
+
 // judgeLocked: while the locked key's row was held by an outside
 // transaction, every unrelated key was answered as on a free store (the
 // rules of every step), within the hold; the locked key got 409 or 503,
 // and ran at most once (a request still waiting when the row was let go
 // may run then).
-func (x *trialRun) judgeLocked(outs []*outcome, locked []*Attempt, unrelated time.Duration) {
+//
+// hold is how long the row was held: the unrelated keys must be answered
+// within it only when it is the long one (lockHold).
+func (x *trialRun) judgeLocked(outs []*outcome, locked []*Attempt, unrelated, hold time.Duration) {
 	j := x.j
+	isLocked := make(map[string]bool, len(locked))
+	for _, a := range locked {
+		isLocked[a.ID] = true
+	}
 	var lockedOuts, rest []*outcome
 	for _, o := range outs {
-		if o.a.ID == locked[0].ID || o.a.ID == locked[1].ID {
+		if isLocked[o.a.ID] {
 			lockedOuts = append(lockedOuts, o)
 		} else {
 			rest = append(rest, o)
 		}
 	}
+	// The locked key's runs are seen first: judgeStep ends by looking for
+	// executions no step saw, and the locked key may run once its row is
+	// let go (they were taken for strays).
+	j.seen(lockedOuts)
 	x.judgeStep(j.step, rest)
-	if unrelated >= lockHold {
+	if hold >= lockHold && unrelated >= hold {
 		j.fail("held-up-by-a-lock", "locked: the unrelated keys were answered only once the locked row was let go (%s)", unrelated.Round(time.Millisecond))
 	}
-	j.seen(lockedOuts)
 	if n := len(runs(lockedOuts)); n > 1 {
 		j.fail("duplicate", "locked: the locked key ran %d times", n)
 	}
@@ -247,10 +280,13 @@ func (x *trialRun) judgeFill(outs []*outcome) {
 }
 
 // judgeClients judges clients that read slowly, slept and resumed, or
-// stopped reading: each ran once. A slow reader gets the whole answer. One
-// that resumes gets the whole answer or an error, never a clean end after
-// part of it. One that stopped counts as gone after the stall timeout:
-// its key is replayed to others soon after.
+// stopped reading, and clients of a silent upstream: each ran once. A
+// slow reader gets the whole answer. One that resumes gets the whole
+// answer or an error, never a clean end after part of it. One that
+// stopped counts as gone after the stall timeout: its key is replayed to
+// others soon after. One whose upstream fell silent for longer than the
+// stall timeout, while it read all that came, gets the whole answer: a
+// silent upstream is not a stalled client.
 func (x *trialRun) judgeClients(st Step, outs []*outcome) {
 	j := x.j
 	j.seen(outs)
@@ -273,6 +309,8 @@ func (x *trialRun) judgeClients(st Step, outs []*outcome) {
 		case scStall:
 			probes := slices.DeleteFunc(slices.Clone(outs), func(p *outcome) bool { return p.a.Intent != a.Intent || p.a.ID == a.ID })
 			x.judgeStalledKey(o, probes)
+		case scSilent:
+			j.checkOwnAnswer(o, "silent-upstream-cut")
 		}
 	}
 	for _, o := range outs {
@@ -307,5 +345,30 @@ func (x *trialRun) judgeStalledKey(stalled *outcome, probes []*outcome) {
 	}
 	if isReplay(last.res, last.a) {
 		j.checkReplayContent(last, &record{exec: stalled.exec, owner: stalled.a})
+	}
+}
+
+// judgeStorm: the rules of every step, and the other client's retry, the
+// only waiter of its key, found a place while a storm of retries of one
+// key waited: it waited for its first request (or as long as it may), it
+// did not get 409 at once.
+func (x *trialRun) judgeStorm(st Step, outs []*outcome) {
+	j := x.j
+	x.judgeStep(j.step, outs)
+	otherOwner, retry := byID(outs, st.Attempts[1].ID), byID(outs, st.Attempts[len(st.Attempts)-1].ID)
+	if otherOwner == nil || otherOwner.exec == nil || retry == nil || retry.exec != nil || retry.d.kind != "keyed" {
+		return // the rules of every step judged them
+	}
+	budget, ok := waits(retry.a, retry.d.pol)
+	slug := problemSlug(retry.res, retry.d.pol)
+	if !ok || !(slug == "request-outstanding" || slug == "?" && retry.res.Status == 409) {
+		return
+	}
+	// How long it could have waited: its budget, or until the first
+	// request of its key was done.
+	could := min(budget, otherOwner.done.Sub(retry.res.Sent))
+	if waited := retry.res.Done.Sub(retry.res.Sent); waited < could/2 {
+		j.fail("waiter-crowded-out", "storm: %s, the only retry of another client's key in flight, got 409 after %s while %d retries of one key waited; it may wait %s",
+			retry.a.ID, waited.Round(time.Millisecond), len(st.Attempts)-3, could.Round(time.Millisecond))
 	}
 }

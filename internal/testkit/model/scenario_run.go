@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os/exec"
+	"runtime"
 	"sync"
 	"time"
 
@@ -23,7 +25,7 @@ const afterOwner = math.MaxFloat64
 // one the random steps' runner and judge take as it is.
 func (x *trialRun) runScenario(st Step) bool {
 	switch st.Scenario {
-	case scRetry:
+	case scRetry, scUpstream:
 		return false
 	case scTTL:
 		x.runTTL(st)
@@ -32,15 +34,17 @@ func (x *trialRun) runScenario(st Step) bool {
 	case scFill:
 		outs := x.runStep(st)
 		x.judgeFill(outs)
-	case scSlow, scResume, scStall:
+	case scSlow, scResume, scStall, scSilent:
 		x.runClients(st)
+	case scStorm:
+		x.judgeStorm(st, x.runTimed(st))
 	case scTakeover:
 		x.judgeTakeover(x.runTimed(st))
 	case scAftercare:
 		x.judgeAftercare(x.runTimed(st))
 	case scPause:
 		x.judgePause(st, x.runTimed(st))
-	default: // lease, partition, scale: the rules of every step
+	default: // lease, partition, scale, lockedlease: the rules of every step
 		x.judgeStep(x.j.step, x.runTimed(st))
 	}
 	return true
@@ -167,8 +171,19 @@ func isReplay(res *Result, a *Attempt) bool {
 	return !res.NoAnswer && res.Header.Get(HeaderReq) != "" && res.Header.Get(HeaderReq) != a.ID
 }
 
+// faultsHeld are the lock and cpu faults in force: what ends each.
+var faultsHeld sync.Map // *fault -> func()
+
 // fault starts f on its paths.
 func (x *trialRun) fault(f *fault) {
+	switch f.Kind {
+	case "lock":
+		faultsHeld.Store(f, x.lockRow(x.current.Attempts[0]))
+		return
+	case "cpu":
+		faultsHeld.Store(f, busyCores())
+		return
+	}
 	for i, p := range x.env.Paths {
 		if p == nil || !(f.Paths == "ab" || f.Paths == "a" && i == 0 || f.Paths == "b" && i == 1) {
 			continue
@@ -184,6 +199,13 @@ func (x *trialRun) fault(f *fault) {
 
 // heal ends f.
 func (x *trialRun) heal(f *fault) {
+	if end, ok := faultsHeld.LoadAndDelete(f); ok {
+		end.(func())()
+		return
+	}
+	if f.Kind == "lock" || f.Kind == "cpu" {
+		return
+	}
 	for i, p := range x.env.Paths {
 		if p == nil || !(f.Paths == "ab" || f.Paths == "a" && i == 0 || f.Paths == "b" && i == 1) {
 			continue
@@ -191,6 +213,55 @@ func (x *trialRun) heal(f *fault) {
 		p.Unstall()
 		if err := p.Restore(); err != nil {
 			panic(err)
+		}
+	}
+}
+
+// lockRow locks the in-flight row of a's key in an outside transaction
+// (an operator's BEGIN; SELECT ... FOR UPDATE) and returns what lets it
+// go. A row that is not there (a's request was refused) locks nothing.
+func (x *trialRun) lockRow(a *Attempt) func() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	conn, err := pgx.Connect(ctx, x.env.PostgresD)
+	if err != nil {
+		cancel()
+		x.j.fail("harness", "connecting to PostgreSQL: %v", err)
+		return func() {}
+	}
+	end := func() {
+		_ = conn.Close(context.Background())
+		cancel()
+	}
+	tx, err := conn.Begin(ctx)
+	if err == nil {
+		table := pgx.Identifier{x.cfg.Store.Table}.Sanitize()
+		_, err = tx.Exec(ctx, `SELECT 1 FROM `+table+` WHERE key = $1 AND state = 1 FOR UPDATE`, decide(x.cfg, a).rk.key)
+	}
+	if err != nil {
+		x.j.fail("harness", "locking the row of %s: %v", a.ID, err)
+		end()
+		return func() {}
+	}
+	return func() {
+		_ = tx.Rollback(ctx)
+		end()
+	}
+}
+
+// busyCores keeps every core busy with processes of its own until the
+// function it returns is called.
+func busyCores() func() {
+	var cmds []*exec.Cmd
+	for range runtime.NumCPU() {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		if cmd.Start() == nil {
+			cmds = append(cmds, cmd)
+		}
+	}
+	return func() {
+		for _, cmd := range cmds {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
 		}
 	}
 }
@@ -222,8 +293,17 @@ const lockHold = 3 * time.Second
 // would) while the locked key is sent twice and unrelated new keys
 // arrive, each twice. The unrelated keys are answered as on a free store;
 // the locked key gets 409 or 503, and runs at most once.
+//
+// Version 3 draws (st.Timing) how the row is held (an uncommitted insert
+// of the key, or a lapsed lease's row held FOR UPDATE), for how long
+// (past the timeout, or less than the lock wait), and up to 20 requests
+// for the locked key at once.
 func (x *trialRun) runLocked(st Step) {
-	warm, locked, rest := st.Attempts[0], st.Attempts[1:3], st.Attempts[3:]
+	kind, hold, copies := "insert", lockHold, 2
+	if tm := st.Timing; tm != nil {
+		kind, hold, copies = tm.Lock, tm.Hold, tm.Copies
+	}
+	warm, locked, rest := st.Attempts[0], st.Attempts[1:1+copies], st.Attempts[1+copies:]
 	ow := &outcome{a: warm, res: x.send(warm)}
 	x.settle([]*outcome{ow})
 	x.judgeStep(x.j.step, []*outcome{ow})
@@ -244,14 +324,28 @@ func (x *trialRun) runLocked(st Step) {
 		x.j.fail("harness", "reading the scope of %s: %v", warm.ID, err)
 		return
 	}
+	lockedKey := decide(x.cfg, locked[0]).rk.key
+	if kind == "lapsed" {
+		// A lapsed lease (a crashed owner's), committed; its row is held
+		// below.
+		if _, err := conn.Exec(ctx, `INSERT INTO `+table+` (scope, key, fingerprint, state, token, created_at, expires_at)
+VALUES ($1, $2, '\x00', 1, 1, now() - interval '1 minute', now() - interval '1 second')`, scope, lockedKey); err != nil {
+			x.j.fail("harness", "writing a lapsed lease of %s: %v", lockedKey, err)
+			return
+		}
+	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		x.j.fail("harness", "BEGIN: %v", err)
 		return
 	}
-	lockedKey := decide(x.cfg, locked[0]).rk.key
-	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (scope, key, fingerprint, state, token, created_at, expires_at)
-VALUES ($1, $2, '\x00', 1, 1, now(), now() + interval '1 hour')`, scope, lockedKey); err != nil {
+	if kind == "lapsed" {
+		_, err = tx.Exec(ctx, `SELECT 1 FROM `+table+` WHERE scope = $1 AND key = $2 FOR UPDATE`, scope, lockedKey)
+	} else {
+		_, err = tx.Exec(ctx, `INSERT INTO `+table+` (scope, key, fingerprint, state, token, created_at, expires_at)
+VALUES ($1, $2, '\x00', 1, 1, now(), now() + interval '1 hour')`, scope, lockedKey)
+	}
+	if err != nil {
 		x.j.fail("harness", "locking %s: %v", lockedKey, err)
 		_ = tx.Rollback(ctx)
 		return
@@ -270,16 +364,17 @@ VALUES ($1, $2, '\x00', 1, 1, now(), now() + interval '1 hour')`, scope, lockedK
 			mu.Unlock()
 		}()
 	}
-	// The unrelated keys are answered while the row is held.
+	// The unrelated keys are answered while the row is held (a long
+	// hold).
 	for _, a := range rest {
-		waitDone(a.ID, lockHold+30*time.Second)
+		waitDone(a.ID, hold+30*time.Second)
 	}
 	unrelatedDone := time.Now()
-	time.Sleep(time.Until(held.Add(lockHold)))
+	time.Sleep(time.Until(held.Add(hold)))
 	_ = tx.Rollback(ctx)
 	wg.Wait()
 	x.settle(outs)
-	x.judgeLocked(outs, locked, unrelatedDone.Sub(held))
+	x.judgeLocked(outs, locked, unrelatedDone.Sub(held), hold)
 }
 
 // runClients runs a step of clients that read slowly, sleep and resume,

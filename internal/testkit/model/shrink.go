@@ -54,6 +54,23 @@ func Shrink(env *Env, tr *Trial, an []Anomaly, budget int) (*Trial, []Anomaly) {
 			try(&c)
 		}
 	}
+	// Spellings back to plain (form.go), an attempt at a time.
+	for si := range best.Steps {
+		for ai, a := range best.Steps[si].Attempts {
+			if a.Form == (Form{}) {
+				continue
+			}
+			c := *best
+			c.Steps = slices.Clone(best.Steps)
+			st := c.Steps[si]
+			st.Attempts = slices.Clone(st.Attempts)
+			plain := *a
+			plain.Form = Form{}
+			st.Attempts[ai] = &plain
+			c.Steps[si] = st
+			try(&c)
+		}
+	}
 	// Options back to their defaults.
 	for _, simplify := range simplifications {
 		c := *best
@@ -107,6 +124,9 @@ var simplifications = []func(c *Config) bool{
 	},
 	func(c *Config) bool {
 		return simplifyPolicy(c, func(p *Policy) bool { r := p.ReplayHeader != ""; p.ReplayHeader = ""; return r })
+	},
+	func(c *Config) bool {
+		return simplifyPolicy(c, func(p *Policy) bool { r := p.OnUnknownOutcome != ""; p.OnUnknownOutcome = ""; return r })
 	},
 }
 

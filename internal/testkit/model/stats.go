@@ -16,9 +16,11 @@ type counts struct {
 	configs         map[string]bool
 	steps           map[string]int
 	attempts        map[string]int
+	failures        map[string]int // attempts whose upstream fails, by how and protocol
+	spellings       map[string]int // of the attempts spelt otherwise (form.go), by what they change
 }
 
-var stats = &counts{configs: map[string]bool{}, steps: map[string]int{}, attempts: map[string]int{}}
+var stats = &counts{configs: map[string]bool{}, steps: map[string]int{}, attempts: map[string]int{}, failures: map[string]int{}, spellings: map[string]int{}}
 
 // trial counts a trial about to run.
 func (s *counts) trial(t *Trial) {
@@ -36,6 +38,16 @@ func (s *counts) trial(t *Trial) {
 		s.steps[kind]++
 		for _, a := range st.Attempts {
 			s.attempts[a.Proto.String()+" "+a.Mode.String()]++
+			if f := a.Do.failureKind(); f != "" {
+				s.failures[f+" "+a.Proto.String()]++
+			}
+			f := a.Form
+			for what, ok := range map[string]bool{"host": f.HostCase != "" || f.HostDot || f.Port != "", "names": f.Names != "",
+				"coding " + f.Coding: f.Coding != "", "media type": f.MediaType != "", "json": f.Respell != 0, "corrupt": f.Corrupt} {
+				if ok {
+					s.spellings[what]++
+				}
+			}
 		}
 	}
 }
@@ -56,6 +68,14 @@ func (s *counts) report() string {
 	b.WriteString("\nattempts by protocol and client:")
 	for _, k := range slices.Sorted(maps.Keys(s.attempts)) {
 		fmt.Fprintf(&b, " %s %d,", k, s.attempts[k])
+	}
+	b.WriteString("\nattempts whose upstream fails, by how and protocol:")
+	for _, k := range slices.Sorted(maps.Keys(s.failures)) {
+		fmt.Fprintf(&b, " %s %d,", k, s.failures[k])
+	}
+	b.WriteString("\nattempts spelt otherwise:")
+	for _, k := range slices.Sorted(maps.Keys(s.spellings)) {
+		fmt.Fprintf(&b, " %s %d,", k, s.spellings[k])
 	}
 	return strings.TrimSuffix(b.String(), ",")
 }

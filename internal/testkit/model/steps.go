@@ -104,6 +104,19 @@ type gen struct {
 	v2           bool
 	r2           *rand.Rand
 	scenarioKeys int
+
+	// Version 3: r3 draws what version 2 did not have (the variants of a
+	// request that HTTP calls equal, the ways an upstream fails, other
+	// writers of the store), so that a version 2 trial is drawn as
+	// before.
+	v3 bool
+	r3 *rand.Rand
+	// rf draws version 3's spellings of a request (form.go) and the
+	// steps of variants. It is a stream of its own rather than r3, so
+	// that the other additions of version 3 and these never move each
+	// other's draws: a seed found with either keeps drawing its trial as
+	// the other grows.
+	rf *rand.Rand
 }
 
 func (g *gen) steps(count int) []Step {
@@ -115,6 +128,9 @@ func (g *gen) steps(count int) []Step {
 }
 
 func (g *gen) step() Step {
+	if g.v3 && g.rf.IntN(6) == 0 {
+		return g.variantsStep()
+	}
 	r := g.r
 	x := r.IntN(100)
 	switch {
@@ -136,6 +152,7 @@ func (g *gen) step() Step {
 		owner := g.attempt(in, ReadAll)
 		owner.Do.Delay = time.Duration(200+r.IntN(300)) * time.Millisecond
 		owner.Do.Panic, owner.Do.CloseBeforeStatus = "", false
+		owner.Do.Fail, owner.Do.Reset = "", false // (version 3) the others wait for its answer
 		as := []*Attempt{owner}
 		for range 1 + r.IntN(4) {
 			w := g.attempt(in, ReadAll)
@@ -287,7 +304,104 @@ func (g *gen) attempt(in *intent, mode ClientMode) *Attempt {
 	if g.v2 && a.wellFormed() {
 		a.Proto = pick(g.r2, H1, H1, H1, H1, H1, H2, H2C, H3)
 	}
+	if g.v3 && g.rf.IntN(4) == 0 {
+		a.Form = g.form(a)
+	}
 	return a
+}
+
+// variantsStep sends a request and variants of it with its key (version
+// 3): spellings HTTP calls the same request (form.go), which must share
+// its outcome, and requests that differ in path, method, credential or
+// site, which never may. One after another, or all at once.
+func (g *gen) variantsStep() Step {
+	r := g.rf
+	var keyed []*intent // intents with a well-formed key, where variants tell most
+	for _, in := range g.intents {
+		if in.key.hostile == "" {
+			keyed = append(keyed, in)
+		}
+	}
+	var in *intent
+	switch x := r.IntN(6); {
+	case x < 2 && g.keyJSON():
+		in = g.webhookIntent()
+	case x < 4 && len(keyed) > 0:
+		in = keyed[r.IntN(len(keyed))]
+	default:
+		in = g.newIntent()
+	}
+	do := Behaviour{Status: pick(r, 201, 201, 201, 200, 422, 503), Size: 80, BreakAfter: -1}
+	variant := func(in *intent) *Attempt {
+		a := g.build(in, ReadAll, do, false)
+		if a.wellFormed() {
+			a.Proto = pick(r, H1, H1, H1, H2, H2C, H3)
+		}
+		a.Chunked = len(a.Body) > 0 && r.IntN(3) == 0
+		a.Form = g.form(a)
+		return a
+	}
+	as := []*Attempt{g.build(in, ReadAll, do, false)}
+	for range 2 + r.IntN(4) {
+		other := *in
+		switch r.IntN(6) {
+		case 0:
+			other.target = pick(r, "/orders/2", "/orders/1?x=2", "/other/1")
+		case 1:
+			other.method = pick(r, "POST", "PATCH", "PUT")
+		case 2:
+			other.auth = pick(r, "Bearer mallory", "")
+			other.tenant = g.run + "-tenant-9"
+		case 3:
+			other.host = otherSite(in.host)
+		}
+		as = append(as, variant(&other))
+	}
+	if r.IntN(3) == 0 {
+		return Step{Kind: "variants-burst", Attempts: as}
+	}
+	return Step{Kind: "variants", Attempts: as}
+}
+
+// keyJSON reports whether an enforcing handler of the trial takes keys
+// from the body.
+func (g *gen) keyJSON() bool {
+	for _, p := range g.cfg.Layout.Handlers {
+		if !p.Observe && p.KeyJSON != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// webhookIntent is a new intent whose key is only in its JSON body, as a
+// webhook's delivery id is (key_json): a delivery that its sender sends
+// again, perhaps compressed otherwise. Drawn from the stream of forms.
+func (g *gen) webhookIntent() *intent {
+	r, k := g.rf, len(g.intents)
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+	id := fmt.Sprintf("%sw%c", g.run, digits[k%36]) // within a max_key_length of 12
+	in := &intent{
+		label:   fmt.Sprintf("%s-i%d", g.run, k),
+		host:    fmt.Sprintf("%s-%s.test", g.run, pick(r, "a", "b")),
+		auth:    pick(r, "", "Bearer hooks"),
+		tenant:  g.run + "-tenant-1",
+		method:  "POST",
+		target:  pick(r, "/orders/1", "/other/1"),
+		ctype:   pick(r, "application/json", "application/json", "text/plain"),
+		variant: "a",
+		body:    bodyForm{kind: "json", amount: 10, nonce: k, idJSON: `"` + id + `"`},
+	}
+	g.intents = append(g.intents, in)
+	return in
+}
+
+// otherSite is a host of another site of the run.
+func otherSite(host string) string {
+	if h, ok := strings.CutSuffix(host, "-a.test"); ok {
+		return h + "-b.test"
+	}
+	return strings.TrimSuffix(host, "-b.test") + "-a.test"
 }
 
 // keyHeader is the key header the attempts send: version 1's, the
@@ -389,6 +503,21 @@ func (g *gen) behaviour() Behaviour {
 		b.Panic = "before"
 	case 4:
 		b.Panic = "after"
+	}
+	if g.v3 {
+		// Version 3: the ways an upstream fails before its status (its
+		// address refusing connections, a response-header timeout, a
+		// reset once it read the request) or resets mid-body.
+		switch g.r3.IntN(16) {
+		case 0:
+			b.Fail = FailRefused
+		case 1:
+			b.Fail = FailTimeout
+		case 2:
+			b.CloseBeforeStatus, b.Reset = true, true
+		case 3:
+			b.BreakAfter, b.Reset = g.r3.IntN(40), true
+		}
 	}
 	if b.Status == 204 {
 		b.Size, b.Trailer, b.Gzip, b.BreakAfter = 0, false, false, -1

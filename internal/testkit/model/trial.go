@@ -65,6 +65,9 @@ type Env struct {
 	// TLS is the certificate of Caddy's TLS server (HTTP/2, HTTP/3);
 	// each trial serves it on a port of its own.
 	TLS *TLSServer
+	// Refuse is an address that refuses every connection: the upstream
+	// of the proxy that attempts asking FailRefused take (version 3).
+	Refuse string
 }
 
 // GenOptions say what trial to draw.
@@ -79,6 +82,9 @@ type GenOptions struct {
 	// configuration (maybe invalid), random steps. Version 2 draws per
 	// store setting, keeps the invalid configurations apart, adds
 	// protocols, keys shared between scopes, and Cover's scenarios.
+	// Version 3 (the default) adds, from a stream of its own, the
+	// request variants HTTP calls equal, the ways an upstream fails and
+	// other writers of the store.
 	Version int
 	Cover   []string
 	Latency time.Duration
@@ -106,20 +112,34 @@ func Generate(seed uint64, o GenOptions) *Trial {
 	run := fmt.Sprintf("g%08x", uint32(mix))
 	store.MaxKeys = 900_000_000 + int(mix%90_000_000)
 	store.Prefix = "model:" + run + ":"
-	t := &Trial{Seed: seed, Version: 2, Store: store.Kind, Setting: o.Setting, Latency: o.Latency, run: run}
+	t := &Trial{Seed: seed, Version: max(o.Version, 2), Store: store.Kind, Setting: o.Setting, Latency: o.Latency, run: run}
 	cfg := genConfig(r, store)
 	for cfg.Invalid != "" {
 		t.Refused = append(t.Refused, cfg)
 		cfg = genConfig(r, store)
 	}
 	adapt(cfg, r2, o.Cover)
+	cfg.Failures = o.Version >= 3
 	t.Config = cfg
 	g := &gen{r: r, r2: r2, v2: true, run: run, cfg: cfg}
+	if o.Version >= 3 {
+		g.v3, g.r3 = true, rand.New(rand.NewPCG(mix^0x94d049bb133111eb, mix^0xbf58476d1ce4e5b9))
+		g.rf = rand.New(rand.NewPCG(mix^0x9fb21c651e98df25, mix^0xd6e8feb86659fd93))
+		for i := range cfg.Layout.Handlers {
+			cfg.Layout.Handlers[i].HostPortScope = g.rf.IntN(4) == 0
+		}
+	}
 	t.Steps = g.steps(o.Steps)
 	for _, kind := range o.Cover {
 		if st, ok := g.scenarioStep(kind); ok {
 			at := r2.IntN(len(t.Steps) + 1)
 			t.Steps = slices.Insert(t.Steps, at, st)
+		}
+	}
+	if g.v3 {
+		// Drawn last, so that what version 3 drew before stays as it was.
+		for i := range cfg.Layout.Handlers {
+			cfg.Layout.Handlers[i].OnUnknownOutcome = pick(g.r3, "", "", "", "keep", "release")
 		}
 	}
 	return t
@@ -186,6 +206,7 @@ func (env *Env) Run(t *Trial) []Anomaly {
 	if !env.load(j, cfg, port, x.tls) {
 		return j.anomalies
 	}
+	passesBefore := failOpenPasses()
 	for i, st := range t.Steps {
 		j.step, x.current = i, st
 		if st.Scenario != "" && x.runScenario(st) {
@@ -198,6 +219,9 @@ func (env *Env) Run(t *Trial) []Anomaly {
 		}
 	}
 	j.checkFidelity(j.all)
+	if counted := failOpenPasses() - passesBefore; float64(j.passedOpen) > counted {
+		j.fail("unprotected-run", "%d requests reached the upstream without the handler under fail_open, and the handler counted %v fail_open passes", j.passedOpen, counted)
+	}
 	for _, line := range strings.Split(takeLogs(), "\n") {
 		if strings.Contains(line, "invalid WriteHeader code") && j.invalidStatus > 0 {
 			j.invalidStatus--
@@ -247,6 +271,7 @@ func (x *trialRun) judgeStep(i int, outs []*outcome) {
 // route points cfg's store at the environment's servers, through the
 // paths when there are.
 func (env *Env) route(cfg *Config) {
+	cfg.RefuseAddr = env.Refuse
 	via := func(i int, url string) string {
 		if env.Paths[i] == nil {
 			return url
@@ -359,7 +384,7 @@ func (x *trialRun) runStep(st Step) []*outcome {
 			wg.Add(1)
 			go send(i)
 		}
-	case "sequence":
+	case "sequence", "variants":
 		for i := range st.Attempts {
 			wg.Add(1)
 			send(i)
@@ -392,6 +417,7 @@ func (x *trialRun) settle(outs []*outcome) {
 			o.done = o.res.Done
 		}
 		o.exec = x.env.Up.Settled(o.a.ID, 10*time.Second)
+		o.reached = reachedAt(o.a.ID)
 	}
 }
 
@@ -440,8 +466,34 @@ func (t *Trial) Describe() string {
 	for i, st := range t.Steps {
 		fmt.Fprintf(&b, "step %d %s:\n", i, st.Kind)
 		for _, a := range st.Attempts {
-			fmt.Fprintf(&b, "  %s %s %s mode=%s do=%s headers=%q body=%.120q chunked=%v\n", a.ID, a.Method, a.Target, a.Mode, a.Do, a.Header, a.Body, a.Chunked)
+			fmt.Fprintf(&b, "  %s %s %s mode=%s do=%s headers=%q body=%.120q chunked=%v", a.ID, a.Method, a.Target, a.Mode, a.Do, a.Header, a.Body, a.Chunked)
+			if f := a.Form.String(); f != "" {
+				fmt.Fprintf(&b, " form=(%s)", f)
+			}
+			b.WriteString("\n")
 		}
 	}
 	return b.String()
+}
+
+// failOpenPasses is caddy_http_idempotency_fail_open_total in all, as the
+// running config's metrics registry serves it: the requests the handler
+// passed on without idempotency because the store failed.
+func failOpenPasses() float64 {
+	ctx := caddy.ActiveContext()
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return 0
+	}
+	families, _ := reg.Gather()
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != "caddy_http_idempotency_fail_open_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total
 }

@@ -14,6 +14,14 @@ import (
 	"time"
 )
 
+// ResponseHeaderTimeout is the response_header_timeout of the proxy that
+// attempts with Fail FailTimeout take; the upstream answers them after
+// TimeoutDelay, well past it.
+const (
+	ResponseHeaderTimeout = 300 * time.Millisecond
+	TimeoutDelay          = 4 * ResponseHeaderTimeout
+)
+
 // Upstream is a raw HTTP/1.1 server behind Caddy's reverse_proxy. Each
 // request carries its Behaviour (header X-Model-Do) and its attempt id
 // (X-Model-Req); the upstream answers with exactly those bytes, including
@@ -219,12 +227,20 @@ func (u *Upstream) serve(c net.Conn) {
 func (u *Upstream) answer(c net.Conn, e *Execution) (sent *SentResponse, keep bool) {
 	b := e.Behavior
 	sent = &SentResponse{Status: b.Status, Header: make(http.Header)}
-	if b.Delay > 0 {
-		time.Sleep(b.Delay)
+	delay := b.Delay
+	if b.Fail == FailTimeout {
+		// Past the proxy's response_header_timeout, whatever the step
+		// made of the delay.
+		delay = max(delay, TimeoutDelay)
+	}
+	if delay > 0 {
+		time.Sleep(delay)
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(time.Minute))
 	w := bufio.NewWriter(c)
 	if b.CloseBeforeStatus {
+		// The request was read (and acted on); no status follows.
+		resetOnClose(c, b)
 		sent.NoAnswer = true
 		return sent, false
 	}
@@ -258,7 +274,7 @@ func (u *Upstream) answer(c net.Conn, e *Execution) (sent *SentResponse, keep bo
 		h.Set("Content-Encoding", "gzip")
 	}
 	sent.Wire = wire
-	chunked := b.Trailer || b.ChunkDelay > 0
+	chunked := b.Trailer || b.ChunkDelay > 0 || b.Silence > 0 && b.SilenceAfter == 0
 	if b.Trailer {
 		h.Set("Trailer", "X-Model-Trailer, Grpc-Status")
 		sent.Trailer = http.Header{"X-Model-Trailer": {"t" + strconv.Itoa(e.Seq)}, "Grpc-Status": {"0"}}
@@ -283,18 +299,54 @@ func (u *Upstream) answer(c net.Conn, e *Execution) (sent *SentResponse, keep bo
 		w.Write(wire[:n])
 		w.Flush()
 		sent.BrokeOff = true
+		if b.Reset {
+			// The status reached the proxy: let it read it before the
+			// reset (a reset mid-body, not before the status).
+			time.Sleep(20 * time.Millisecond)
+			resetOnClose(c, b)
+		}
 		return sent, false
 	}
+	// silent sends nothing for b.Silence once at bytes of the body are
+	// out (flushed).
+	silentAt := -1
+	if b.Silence > 0 {
+		silentAt = min(b.SilenceAfter, len(wire))
+	}
+	silent := func() bool {
+		if w.Flush() != nil {
+			return false
+		}
+		time.Sleep(b.Silence)
+		return true
+	}
 	if !chunked {
+		if silentAt >= 0 {
+			w.Write(wire[:silentAt])
+			if !silent() {
+				return sent, false
+			}
+			wire = wire[silentAt:]
+		}
 		w.Write(wire)
 		return sent, w.Flush() == nil
 	}
-	for rest := wire; len(rest) > 0; {
-		chunk := rest[:min(len(rest), 4096)]
-		rest = rest[len(chunk):]
+	if silentAt == 0 && !silent() {
+		return sent, false
+	}
+	for rest, at := wire, 0; len(rest) > 0; {
+		n := min(len(rest), 4096)
+		if at < silentAt {
+			n = min(n, silentAt-at)
+		}
+		chunk := rest[:n]
+		rest, at = rest[n:], at+n
 		fmt.Fprintf(w, "%x\r\n", len(chunk))
 		w.Write(chunk)
 		w.WriteString("\r\n")
+		if at == silentAt && !silent() {
+			return sent, false
+		}
 		if b.ChunkDelay > 0 {
 			if w.Flush() != nil {
 				return sent, false
@@ -308,6 +360,14 @@ func (u *Upstream) answer(c net.Conn, e *Execution) (sent *SentResponse, keep bo
 	}
 	w.WriteString("\r\n")
 	return sent, w.Flush() == nil
+}
+
+// resetOnClose makes the close of c that follows a reset (SO_LINGER 0)
+// when b asks for one: the proxy meets ECONNRESET instead of an EOF.
+func resetOnClose(c net.Conn, b Behaviour) {
+	if b.Reset {
+		_ = c.(*net.TCPConn).SetLinger(0)
+	}
 }
 
 // answerBody is the JSON body of e's answer: it names the attempt, the

@@ -21,8 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/caddy-idempotency/caddy-idempotency/internal/redact"
 	"github.com/caddy-idempotency/caddy-idempotency/internal/testkit/testutil"
+	"github.com/caddy-idempotency/caddy-idempotency/storage/redact"
 )
 
 // EnvDSN names the environment variable holding the test server's DSN.

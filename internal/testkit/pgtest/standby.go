@@ -18,6 +18,30 @@ import (
 // servers' programs missing skip the test (fail it under CI=true).
 func Replicated(t testing.TB) (set *servers.Set, primary, standby *servers.Postgres) {
 	t.Helper()
+	return ReplicatedVia(t, nil)
+}
+
+// ReplicatedVia is Replicated with the standby streaming from the address
+// via returns for the primary's (a proxy in front of it, which the test
+// can cut); nil: the primary's own.
+func ReplicatedVia(t testing.TB, via func(primary string) string) (set *servers.Set, primary, standby *servers.Postgres) {
+	t.Helper()
+	set, primary = Private(t)
+	link := ""
+	if via != nil {
+		link = via(primary.Addr)
+	}
+	standby, err := set.StartStandby(primary, link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set, primary, standby
+}
+
+// Private starts a private PostgreSQL server as Replicated does, without
+// a standby: for a test that stops, kills or restarts it.
+func Private(t testing.TB) (set *servers.Set, primary *servers.Postgres) {
+	t.Helper()
 	bins, missing := servers.Look(false, true)
 	if len(missing) > 0 {
 		testutil.Unavailable(t, "not installed: %s", servers.MissingPrograms(missing))
@@ -35,7 +59,7 @@ func Replicated(t testing.TB) (set *servers.Set, primary, standby *servers.Postg
 		}
 	}
 	t.Setenv("TMPDIR", tmp)
-	set, err = servers.NewSet("pgtest-replicated-", t.Logf)
+	set, err = servers.NewSet("pgtest-private-", t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,8 +71,5 @@ func Replicated(t testing.TB) (set *servers.Set, primary, standby *servers.Postg
 	if primary, err = set.StartPostgres(bins, as); err != nil {
 		t.Fatal(err)
 	}
-	if standby, err = set.StartStandby(primary, ""); err != nil {
-		t.Fatal(err)
-	}
-	return set, primary, standby
+	return set, primary
 }

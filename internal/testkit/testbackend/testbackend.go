@@ -5,7 +5,9 @@
 // storagetest.Run (the memory store stands in for the new store here).
 // The handler's tests load it to prove that path: configured by JSON and
 // the Caddyfile, pooled across reloads, held by requests, visible to the
-// admin API.
+// admin API. Its own tests run backendtest.Run, the handler scenarios
+// every backend must pass, with public packages only, as a third party's
+// tests do.
 package testbackend
 
 import (
@@ -43,7 +45,7 @@ func (s *Storage) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	return s.Acquire(ctx.Logger(), string(name), opts, "this process", func() (storage.Store, error) {
+	return s.Acquire(ctx.Logger(), name, opts, "this process", func() (storage.Store, error) {
 		return memory.New(opts), nil
 	})
 }
@@ -51,7 +53,7 @@ func (s *Storage) Provision(ctx caddy.Context) error {
 // compile checks the configuration and returns the store's options.
 func (s *Storage) compile() (memory.Options, error) {
 	if s.Capacity < 0 {
-		return memory.Options{}, name.Errorf("capacity", "capacity must be positive, got %d", s.Capacity)
+		return memory.Options{}, name.OptionErrorf("capacity", "capacity must be positive, got %d", s.Capacity)
 	}
 	return memory.Options{MaxKeys: s.Capacity}, nil
 }

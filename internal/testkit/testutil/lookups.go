@@ -36,9 +36,16 @@ func Main(m *testing.M) {
 }
 
 // RunWithoutLookups is Main for a TestMain that does more: it returns the
-// exit status instead of exiting.
+// exit status instead of exiting. The tests run in a home directory of
+// their own (see isolateHome).
 func RunWithoutLookups(m *testing.M) int {
 	GuardLookups()
+	cleanup, err := isolateHome()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: a home of the tests' own: %v\n", err)
+		return 1
+	}
+	defer cleanup()
 	code := m.Run()
 	if names := LookedUp(); len(names) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: the tests looked up names other than localhost (give tests loopback addresses, and stores that need not be reached no ping): %q\n", names)

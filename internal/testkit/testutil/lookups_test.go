@@ -8,9 +8,21 @@ import (
 	"testing"
 )
 
+// userHome is HOME as the tests found it.
+var userHome = os.Getenv("HOME")
+
+// TestMain guards lookups and isolates the home as RunWithoutLookups
+// does, without failing the package for the names its tests look up on
+// purpose.
 func TestMain(m *testing.M) {
 	GuardLookups()
-	os.Exit(m.Run())
+	cleanup, err := isolateHome()
+	if err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
 }
 
 // The guard answers a made-up name itself, at once, and remembers it;

@@ -5,9 +5,10 @@ import (
 	"strings"
 )
 
-// checkBodies is invariant 6: an answer the client took as complete (it
-// ended cleanly, no error) is whole, and a client that reads steadily,
-// however slowly, gets its answer to the end.
+// checkBodies is invariants 6 and 9: an answer the client took as
+// complete (it ended cleanly, no error) is whole, a client that reads
+// steadily, however slowly, gets its answer to the end, and so does one
+// whose upstream falls silent for longer than the stall timeout.
 //
 // An answer cut short must reach the client as an error on every
 // protocol (HTTP/1.1 close, HTTP/2 RST_STREAM, HTTP/3 stream reset):
@@ -33,6 +34,14 @@ func (ix *index) checkBodies(r *Report) {
 				if f := ix.h.restartedUnder(a); f == nil {
 					r.anomaly(SlowReaderCut, in, fmt.Sprintf("%s: a client reading %d bytes a second over %s got %d bytes, then %q after %s (%s)",
 						a.describe(), a.ReadRate, a.proto(), a.BodyBytes, a.Err, secs(a.End-a.Start), a.outcome()))
+				}
+			}
+			// A silent upstream's reader (its own client, Proto set),
+			// not a steady client that gave up on a retry.
+			if a.AskSilence > 0 && a.Proto != "" && a.Read == "" && a.Err != "" && !a.Replayed && a.Execution > 0 {
+				if f := ix.h.restartedUnder(a); f == nil {
+					r.anomaly(SilentUpstreamCut, in, fmt.Sprintf("%s: a client reading over %s as the answer came, from an upstream silent for %s, got %d bytes, then %q after %s (%s)",
+						a.describe(), a.proto(), secs(a.AskSilence), a.BodyBytes, a.Err, secs(a.End-a.Start), a.outcome()))
 				}
 			}
 		}

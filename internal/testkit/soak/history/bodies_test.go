@@ -100,3 +100,38 @@ func TestASlowReaderWhoseAnswerIsCutIsAnAnomaly(t *testing.T) {
 	// Read to the end, however slowly: the promise kept.
 	expect(t, slow(""), "")
 }
+
+func TestAnAnswerCutWhileItsUpstreamWasSilentIsAnAnomaly(t *testing.T) {
+	silent := func(err string) *History {
+		h := newHistory()
+		x := h.execOf(0, 1, "a", 1, 30, 201, 64<<10)
+		a := h.gotOf(0, "a", 1, 30, x, false)
+		a.Proto, a.AskSize, a.AskSilence = "h2", 64<<10, sec(20)
+		if err != "" {
+			a.End, a.BodyBytes, a.BodyDigest, a.Err = sec(12), 0, "empty", err
+		}
+		return h
+	}
+	r := expect(t, silent("stream error: stream ID 1; INTERNAL_ERROR; received from peer"), "silent-upstream-cut")
+	if s := r.Anomalies[0].Summary; !strings.Contains(s, "silent for 20.000s") || !strings.Contains(s, "over h2") {
+		t.Errorf("summary %q does not say how long the upstream was silent and over what", s)
+	}
+	// Its instance killed or reloaded under it: excused.
+	h := silent("unexpected EOF")
+	h.fault(Kill, "a", "", 8, 9)
+	expect(t, h, "")
+	h = silent("unexpected EOF")
+	h.fault(Reload, "a", "", 8, 8.1)
+	expect(t, h, "")
+	// A slow reader's cut is slow-reader-cut's; a whole answer keeps the
+	// promise.
+	h = silent("unexpected EOF")
+	h.Attempts[0].Read, h.Attempts[0].ReadRate = ReadSlow, 2000
+	expect(t, h, "slow-reader-cut")
+	// A steady client's retry that gave up (no client of its own) is not
+	// judged here.
+	h = silent("context deadline exceeded")
+	h.Attempts[0].Proto = ""
+	expect(t, h, "")
+	expect(t, silent(""), "")
+}

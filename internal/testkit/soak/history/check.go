@@ -42,6 +42,14 @@ const (
 	// its answer cut: a client is gone only after 10 s without taking a
 	// byte.
 	SlowReaderCut AnomalyKind = "slow-reader-cut"
+	// SilentUpstreamCut: a client that read its answer as it came had it
+	// cut while the upstream sent nothing for longer than the stall
+	// timeout: a silent upstream is not a stalled client.
+	SilentUpstreamCut AnomalyKind = "silent-upstream-cut"
+	// WaiterCrowdedOut: while one key's storm of retries waited on an
+	// instance, another key's retry there, which may wait for its first
+	// request, got 409 at once: one key's waiters took every place.
+	WaiterCrowdedOut AnomalyKind = "waiter-crowded-out"
 	// HeldUpByLock: while an outside transaction held one PostgreSQL row
 	// locked, a request of another key was refused (409, 503).
 	HeldUpByLock AnomalyKind = "held-up-by-lock"
@@ -103,6 +111,7 @@ func Check(h *History) *Report {
 	ix.checkBodies(r)
 	ix.checkStatuses(r)
 	ix.checkLocks(r)
+	ix.checkStorms(r)
 	filled := ix.checkFill(r)
 	ix.checkLiveness(r, filled)
 	for _, c := range h.Crashes {

@@ -58,10 +58,11 @@ func (ix *index) checkDuplicates(r *Report) {
 // when there is none.
 func (ix *index) excuse(in *Intent, prev, x *Execution) (Exception, string) {
 	h := ix.h
-	if x.Start >= prev.End && (prev.Status == 0 || releases(prev.Status)) {
-		if prev.Status == 0 {
-			return Released, fmt.Sprintf("#%d failed before any status, which frees the key", prev.N)
-		}
+	// A request that reached the upstream and got no status back (its
+	// proxy's timeout, a reset or an EOF once the upstream read it) left
+	// its outcome unknown: the key is kept (on_unknown_outcome keep), and
+	// nothing frees it but a fault below.
+	if x.Start >= prev.End && !prev.unknownOutcome() && releases(prev.Status) {
 		return Released, fmt.Sprintf("#%d answered %d, which frees the key", prev.N, prev.Status)
 	}
 	from := ix.heldFrom(in, prev)
@@ -118,6 +119,9 @@ func (ix *index) duplicateSummary(in *Intent, prev, x *Execution) string {
 	h := ix.h
 	s := fmt.Sprintf("#%d on %s [%s-%s] ran while #%d on %s [%s-%s] held the key (answered %d)",
 		x.N, x.Instance, secs(x.Start), secs(x.End), prev.N, prev.Instance, secs(prev.Start), secs(prev.End), prev.Status)
+	if prev.unknownOutcome() {
+		s += fmt.Sprintf("; #%d's outcome was unknown (%s before its status reached the proxy), which keeps the key", prev.N, prev.Failed)
+	}
 	var near []string
 	from := ix.heldFrom(in, prev)
 	for _, o := range h.outages(prev.Instance, in.Store) {

@@ -25,7 +25,7 @@ func TestASecondExecutionWithoutAFaultIsADuplicate(t *testing.T) {
 }
 
 func TestAnExecutionAfterAReleasingAnswerIsExcused(t *testing.T) {
-	for _, status := range []int{500, 502, 503, 429, 401, 0} {
+	for _, status := range []int{500, 502, 503, 429, 401} {
 		h := newHistory()
 		h.exec(1, "a", 1, 2, status)
 		h.exec(2, "b", 2.1, 2.5, 201)
@@ -37,6 +37,32 @@ func TestAnExecutionThatStartsBeforeTheReleasingOneEndedIsNotExcusedByIt(t *test
 	h := newHistory()
 	h.exec(1, "a", 1, 5, 503)
 	h.exec(2, "b", 4.5, 5, 201)
+	expect(t, h, "duplicate-execution")
+}
+
+// A request that reached the upstream and got no status back (its proxy's
+// response-header timeout, a reset or an EOF once the upstream read it)
+// left its outcome unknown: the key is kept, and a later execution is a
+// duplicate whatever the upstream answered late.
+func TestAnExecutionAfterAnUnknownOutcomeIsADuplicate(t *testing.T) {
+	for _, tt := range []struct {
+		failed string
+		status int
+	}{{FailReset, 0}, {FailEOF, 0}, {FailTimeout, 201}, {FailTimeout, 503}} {
+		h := newHistory()
+		h.exec(1, "a", 1, 2, tt.status).Failed = tt.failed
+		h.exec(2, "b", 3, 3.1, 201)
+		r := expect(t, h, "duplicate-execution")
+		if s := r.Anomalies[0].Summary; !strings.Contains(s, "outcome was unknown ("+tt.failed) {
+			t.Errorf("%s: summary %q does not say the outcome was unknown", tt.failed, s)
+		}
+	}
+	// A reset mid-body came after the status: the record keeps the key
+	// as any broken-off answer does.
+	h := newHistory()
+	e := h.exec(1, "a", 1, 2, 201)
+	e.Failed, e.BrokeOff = FailResetBody, true
+	h.exec(2, "b", 3, 3.1, 201)
 	expect(t, h, "duplicate-execution")
 }
 

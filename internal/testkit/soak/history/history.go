@@ -16,7 +16,12 @@
 //  7. no unrelated key refused (409, 503) while one PostgreSQL row is
 //     locked by an outside transaction;
 //  8. no new key refused store-full while made-up sources' refusals
-//     hold most of the store.
+//     hold most of the store;
+//  9. no answer cut short because its upstream was silent for longer
+//     than the stall timeout (a client is judged only while a write to
+//     it is pending);
+//  10. no retry that may wait refused at once while one key's storm of
+//     retries waits on its instance.
 //
 // Times are offsets from the start of the run, all read from one clock
 // (the soak's process), so that a history can be saved, loaded and
@@ -86,6 +91,12 @@ const (
 	SourceFill   = "fill"       // a real client's new key on a store the made-up credentials filled
 	SourceLocked = "locked"     // the key whose PostgreSQL row an outside transaction holds locked
 	SourceBurst  = "lock-burst" // unrelated new keys sent while a row is locked
+	// SourceStorm is a waiter storm's key: a long first request and a
+	// burst of retries with large bodies on its instance.
+	SourceStorm = "storm"
+	// SourceStormOther is another client's key in flight on the storm's
+	// instance, whose retry comes once the storm is in.
+	SourceStormOther = "storm-other"
 )
 
 // Intent is one operation a client wants done once: a key, in a scope,
@@ -125,7 +136,13 @@ type Attempt struct {
 	AskStatus int  // 0: the upstream's default (201)
 	AskBreak  bool // break off mid-body after the status
 	AskSize   int  // > 0: a body of this many bytes (X-Upstream-Size)
-	HungUp    bool // the client hung up mid-request on purpose
+	// AskFail is how the upstream, or the proxy in front of it, was to
+	// fail (X-Upstream-Fail: Fail*), "" for not at all.
+	AskFail string `json:",omitempty"`
+	// AskSilence, with AskSize, is how long the upstream sends nothing
+	// once its headers (or its first bytes) are out.
+	AskSilence time.Duration `json:",omitempty"`
+	HungUp     bool          // the client hung up mid-request on purpose
 
 	// How the client spoke and read: Proto "" is HTTP/1.1 with the
 	// steady workload's client; Read "" reads at once, ReadSlow reads
@@ -163,6 +180,27 @@ type Execution struct {
 	AnswerDigest string
 	AnswerBytes  int  // how many body bytes it wrote
 	BrokeOff     bool // sent the status, then broke off mid-body
+	// Failed is how it failed (Fail*: its proxy's response-header
+	// timeout, a reset or an EOF once it read the request, a reset
+	// mid-body), "" when it did not.
+	Failed string `json:",omitempty"`
+}
+
+// How an attempt asks its upstream, or the proxy in front of it, to fail
+// (X-Upstream-Fail).
+const (
+	FailTimeout   = "timeout"    // the proxy's response_header_timeout passes before the upstream answers
+	FailReset     = "reset"      // the upstream resets the connection once it read the request
+	FailEOF       = "eof"        // the upstream closes it once it read the request
+	FailRefused   = "refused"    // the proxy dials an address that refuses connections: nothing is sent
+	FailResetBody = "reset-body" // the upstream resets the connection mid-body, after its status
+)
+
+// unknownOutcome reports whether x's request reached the upstream and got
+// no status back: the key is kept as an outcome-unknown record (every
+// retry gets 502 outcome-unknown and never runs).
+func (x *Execution) unknownOutcome() bool {
+	return x.Failed == FailTimeout || x.Failed == FailReset || x.Failed == FailEOF
 }
 
 // Ways of reading an answer (Attempt.Read).
@@ -256,5 +294,8 @@ func releases(status int) bool {
 // upstream's own answer (new or replayed), whole, and one that does not
 // free the key.
 func (a *Attempt) final() bool {
+	if a.Problem == ProblemOutcomeUnknown && a.Err == "" {
+		return true // the key's answer for good: its outcome is unknown
+	}
 	return a.Status > 0 && a.Err == "" && !a.HungUp && a.Execution > 0 && !releases(a.Status)
 }

@@ -18,6 +18,14 @@ func TestEveryIntentMustGetAFinalAnswerInTheSweep(t *testing.T) {
 	h.got("b", 101, 1, 201, true).Sweep = true
 	expect(t, h, "")
 
+	// A key whose outcome is unknown: the outcome-unknown answer is its
+	// final answer.
+	h = newHistory()
+	h.exec(1, "a", 1, 2, 0).Failed = FailReset
+	h.SweepStart = sec(100)
+	h.problem("b", 100, 502, ProblemOutcomeUnknown).Sweep = true
+	expect(t, h, "")
+
 	// A key freed on the sweep runs again: final (and excused).
 	h = newHistory()
 	h.exec(1, "a", 1, 2, 503)

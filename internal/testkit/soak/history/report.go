@@ -151,12 +151,16 @@ func faultCounts(h *History) []count {
 			cs[i].note = fmt.Sprintf("  (%d of them >= %s)", long, secs(h.tolerated()))
 		}
 	}
-	var aborts, hangUps, fives int
+	var aborts, hangUps, fives, unknown int
 	for _, x := range h.Executions {
 		if x.BrokeOff {
 			aborts++
 		}
+		if x.unknownOutcome() {
+			unknown++
+		}
 	}
+	fails := map[string]int{}
 	for _, a := range h.Attempts {
 		if a.HungUp {
 			hangUps++
@@ -164,11 +168,18 @@ func faultCounts(h *History) []count {
 		if a.AskStatus >= 500 {
 			fives++
 		}
+		if a.AskFail != "" {
+			fails[a.AskFail]++
+		}
 	}
-	return append(cs,
+	cs = append(cs,
 		count{kind: "upstream-abort", n: aborts, note: "  (executions that broke off mid-body)"},
 		count{kind: "upstream-5xx", n: fives, note: "  (attempts that asked the upstream for a 5xx)"},
-		count{kind: "client-hang-up", n: hangUps})
+		count{kind: "upstream-unknown", n: unknown, note: "  (executions that got no status back: a response-header timeout, a reset or an EOF after the request)"})
+	for _, f := range []string{FailTimeout, FailReset, FailEOF, FailRefused, FailResetBody} {
+		cs = append(cs, count{kind: "asked-" + f, n: fails[f], note: "  (attempts that asked the upstream or its proxy to fail so)"})
+	}
+	return append(cs, count{kind: "client-hang-up", n: hangUps})
 }
 
 // event is one line of a timeline.
@@ -197,6 +208,9 @@ func (ix *index) timeline(in *Intent) []string {
 		line := fmt.Sprintf("execution #%d on %s [%s-%s] answered %d (%d bytes)", x.N, x.Instance, secs(x.Start), secs(x.End), x.Status, x.AnswerBytes)
 		if x.BrokeOff {
 			line += ", broke off mid-body"
+		}
+		if x.unknownOutcome() {
+			line += ", no status reached its proxy (" + x.Failed + "): outcome unknown"
 		}
 		evs = append(evs, event{x.Start, line})
 	}
@@ -263,6 +277,9 @@ func attemptLine(a *Attempt) string {
 	}
 	if a.AskBreak {
 		ask = append(ask, "break off")
+	}
+	if a.AskFail != "" {
+		ask = append(ask, "fail "+a.AskFail)
 	}
 	if a.HungUp {
 		ask = append(ask, "client hangs up")

@@ -6,6 +6,9 @@ import "fmt"
 const (
 	ProblemOutstanding      = "urn:caddy-idempotency:request-outstanding"
 	ProblemStoreUnavailable = "urn:caddy-idempotency:store-unavailable"
+	// ProblemOutcomeUnknown: the key's first request reached the upstream
+	// and got no status back; the key is kept, and never runs again.
+	ProblemOutcomeUnknown = "urn:caddy-idempotency:outcome-unknown"
 )
 
 // checkStatuses is invariant 5, and the module's other answers: 409 only
@@ -13,7 +16,10 @@ const (
 // route during or just after a fault that kept its instance from the
 // store, or while a PostgreSQL row is locked (checkLocks judges those of
 // other keys); 503 store-full on a memory route whose store is full
-// (checkFill judges one that made-up sources filled); 502 only for an upstream that failed before its status; a 5xx
+// (checkFill judges one that made-up sources filled); 502 only for an upstream that failed before its status
+// or a dial its attempt asked to be refused, and 502 outcome-unknown
+// only once a request of its key failed so after it reached the
+// upstream; 504 only for an attempt that asked its proxy to time out; a 5xx
 // the upstream sent only first-hand (it frees the key, so it is never
 // replayed); nothing else of the module's own, and never a 500.
 func (ix *index) checkStatuses(r *Report) {
@@ -64,15 +70,37 @@ func (ix *index) unlisted(in *Intent, a *Attempt) string {
 				a.Instance, in.Store, secs(ix.h.after(in.Store)))
 		}
 		return ""
+	case a.Status == 502 && a.Problem == ProblemOutcomeUnknown:
+		if ix.unknownBefore(in, a) {
+			return ""
+		}
+		return "502 outcome-unknown, but no request of its key reached the upstream and failed before its status"
 	case a.Status == 502:
-		if ix.failedBeforeStatus(in, a) {
+		if a.AskFail == FailRefused || ix.failedBeforeStatus(in, a) {
 			return ""
 		}
 		return "502 without an upstream that failed before its status"
+	case a.Status == 504:
+		if a.AskFail == FailTimeout && a.Problem == "" {
+			return ""
+		}
+		return "504 without an attempt that asked its proxy to time out"
 	case a.Status >= 500:
 		return fmt.Sprintf("%d %q of the module's own", a.Status, a.Problem)
 	}
 	return fmt.Sprintf("%d %q: this workload never asks for it", a.Status, a.Problem)
+}
+
+// unknownBefore reports whether an execution of a's record that reached
+// the upstream and got no status back began before a ended: what keeps
+// the key as outcome-unknown.
+func (ix *index) unknownBefore(in *Intent, a *Attempt) bool {
+	for _, x := range ix.runs[scopeKey{in.Scope, in.Key}] {
+		if x.unknownOutcome() && x.Start <= a.End {
+			return true
+		}
+	}
+	return false
 }
 
 // failedBeforeStatus reports whether an execution of a's record on its

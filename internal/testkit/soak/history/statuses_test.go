@@ -60,7 +60,39 @@ func TestUpstreamStatusesAreFirstHandOnly(t *testing.T) {
 
 func TestA502ForAnUpstreamThatFailedBeforeItsStatusIsListed(t *testing.T) {
 	h := newHistory()
-	h.exec(1, "a", 1, 2, 0)
+	h.exec(1, "a", 1, 2, 0).Failed = FailReset
 	h.problem("a", 1, 502, "")
+	expect(t, h, "")
+
+	// A refused dial never reaches the upstream: its 502 is listed for
+	// the attempt that asked for it.
+	h = newHistory()
+	h.problem("a", 1, 502, "").AskFail = FailRefused
+	expect(t, h, "")
+}
+
+// The outcome-unknown 502 is listed once a request of its key reached
+// the upstream and got no status back, and only then; a 504 only for an
+// attempt that asked its proxy to time out.
+func TestTheOutcomeUnknownAnswersAreListedAfterAnUnknownOutcome(t *testing.T) {
+	for _, failed := range []string{FailReset, FailEOF, FailTimeout} {
+		h := newHistory()
+		h.exec(1, "a", 1, 2, 201).Failed = failed
+		h.problem("b", 1.5, 502, ProblemOutcomeUnknown)
+		h.problem("a", 3, 502, ProblemOutcomeUnknown)
+		expect(t, h, "")
+	}
+	h := newHistory()
+	h.exec(1, "a", 1, 2, 201)
+	h.problem("b", 3, 502, ProblemOutcomeUnknown)
+	expect(t, h, "unlisted-5xx")
+
+	h = newHistory()
+	h.exec(1, "a", 5, 6, 201).Failed = FailReset
+	h.problem("b", 3, 502, ProblemOutcomeUnknown)
+	expect(t, h, "unlisted-5xx") // before the failure
+
+	h = newHistory()
+	h.problem("a", 3, 504, "").AskFail = FailTimeout
 	expect(t, h, "")
 }
