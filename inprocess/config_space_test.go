@@ -187,9 +187,12 @@ var skippedParams = map[string]bool{
 // fuzzCase makes the case the fuzz target runs: option as the setting's
 // name, value as its value (quoted in the Caddyfile); ok is false for an
 // input outside the space (a name that is no word, a value the
-// Caddyfile cannot quote).
+// Caddyfile cannot quote, or one with "{$": the Caddyfile's environment
+// variables are replaced before it is read, quotes or not, so "{$" up to
+// the next "}" of the file is no value of the option's).
 func fuzzCase(place configspace.Place, option, value string) (configspace.Case, bool) {
-	if !settingName.MatchString(option) || skippedParams[option] || strings.ContainsAny(value, "\"\\\r\n") || len(value) > 200 {
+	if !settingName.MatchString(option) || skippedParams[option] || strings.ContainsAny(value, "\"\\\r\n") ||
+		strings.Contains(value, "{$") || len(value) > 200 {
 		return configspace.Case{}, false
 	}
 	c := configspace.Case{Place: place, Option: option, Value: value, Want: configspace.Either}
@@ -205,4 +208,18 @@ func fuzzCase(place configspace.Place, option, value string) (configspace.Case, 
 		return configspace.Case{}, false
 	}
 	return c, true
+}
+
+// The fuzz target's space leaves out what the Caddyfile reads before any
+// option sees it (a fuzz run found "{$" taken for an environment
+// variable up to the site block's "}"), and keeps every other value.
+func TestFuzzCaseSpace(t *testing.T) {
+	for value, want := range map[string]bool{
+		"\xa3\xa7\xeb{$": false, "{$HOME}": false, `a"b`: false, "a\nb": false,
+		"{": true, "{http.request.host}": true, "$": true, "1s": true,
+	} {
+		if _, ok := fuzzCase(configspace.Handler, "ttl", value); ok != want {
+			t.Errorf("fuzzCase(ttl, %q) in the space = %v, want %v", value, ok, want)
+		}
+	}
 }
