@@ -459,7 +459,8 @@ func (cfg modelConfig) checkDiffers(t testing.TB, what string, first, retry requ
 // under several configurations, every name Differs gives really differs
 // (per the model above), is a part or a member of the retry (never a
 // value), and the list is empty exactly when the fingerprints are equal.
-// Details written by the first version give sound answers too.
+// Details written by versions 1 and 2 give sound answers too, version 2's
+// the same as version 3's.
 func TestDiffersNamesOnlyWhatReallyDiffers(t *testing.T) {
 	g := genRequest{rand.New(rand.NewPCG(7, 11))}
 	n := 4000
@@ -478,6 +479,16 @@ func TestDiffersNamesOnlyWhatReallyDiffers(t *testing.T) {
 			cfg.checkDiffers(t, "detail", first, retry, got)
 			if same := bytes.Equal(first.sum(f), retry.sum(f)); same != (len(got) == 0) {
 				t.Errorf("equal fingerprints %v, yet differs %q\nfirst %+v\nretry %+v", same, got, first, retry)
+			}
+
+			// A detail of version 2 (SHA-256 digests) reads as version 3's.
+			v2 := f.detail(detailVersionV2, first.method, first.path, first.query, first.header, []byte(first.body), nil)
+			if v2[0] != detailVersionV2 || detail[0] != detailVersion {
+				t.Fatalf("details of versions %d and %d, want %d and %d", v2[0], detail[0], detailVersionV2, detailVersion)
+			}
+			gotV2, ok := f.Differs(v2, retry.method, retry.path, retry.query, retry.header, []byte(retry.body))
+			if !ok || !slices.Equal(gotV2, got) {
+				t.Fatalf("a version 2 detail: differs %q (read %v), version 3's %q\nfirst %+v\nretry %+v", gotV2, ok, got, first, retry)
 			}
 
 			var salt [saltSize]byte

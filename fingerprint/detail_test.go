@@ -96,6 +96,13 @@ func TestDiffersRefusesWhatItCannotRead(t *testing.T) {
 			t.Errorf("Differs read the malformed detail %x", d)
 		}
 	}
+	// A version this build does not know (a newer instance's, in a
+	// rolling upgrade) is refused, not misread.
+	newer := f.Detail("POST", "/", "", nil, []byte(`{"a":1}`))
+	newer[0] = detailVersion + 1
+	if _, ok := f.Differs(newer, "POST", "/", "", nil, []byte(`{"a":2}`)); ok {
+		t.Error("Differs read a detail of a later version")
+	}
 }
 
 // TestDiffersNamesOnlyWhatDiffersAndOnlyTheRetrysMembers covers the cases

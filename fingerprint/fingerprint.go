@@ -9,6 +9,8 @@ import (
 	"net/textproto"
 	"slices"
 	"sync"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // Size is the length of a fingerprint.
@@ -110,10 +112,11 @@ func (f *Fingerprinter) CanonicalJSON() bool { return f != nil && f.canonicalJSO
 // sumState is the reusable state of one Sum call.
 type sumState struct {
 	h     hash.Hash
-	frame []byte       // everything but the body
-	canon []byte       // the canonical encoding of a JSON body
-	name  []byte       // the name of a detail's part
-	salt  []byte       // the salt of a detail
+	frame []byte // everything but the body
+	canon []byte // the canonical encoding of a JSON body
+	name  []byte // the name of a detail's part
+	seed  []byte // a detail's version and salt
+	xx    xxhash.Digest
 	spans []memberSpan // the members of a detail's body
 	sum   [Size]byte
 }

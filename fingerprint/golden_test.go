@@ -1,6 +1,7 @@
 package fingerprint
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
 	"testing"
@@ -24,6 +25,27 @@ func TestSumIsStable(t *testing.T) {
 		sum := f.Sum(nil, "POST", "/v1/orders", "page=2", header, []byte(tc.body))
 		if got := hex.EncodeToString(sum); got != tc.want {
 			t.Errorf("%s: Sum = %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestDetailDigestIsStable pins the part digests of each detail version
+// that writes them (sumState.digest): a detail is kept in a record, and
+// a 422 after an upgrade reads it with this build's digest.
+func TestDetailDigestIsStable(t *testing.T) {
+	salt := []byte("0123456789abcdef")
+	for _, tc := range []struct {
+		version byte
+		want    string
+	}{
+		{detailVersionV2, "d8904221545cc191"},
+		{detailVersion, "4c570f0d2e131035"},
+	} {
+		st := &sumState{h: sha256.New(), seed: append([]byte{tc.version}, salt...)}
+		st.frame = append(appendString(nil, "method"), "POST"...)
+		d := st.digest([]byte("value"))
+		if got := hex.EncodeToString(d[:]); got != tc.want {
+			t.Errorf("version %d: digest %s, want %s", tc.version, got, tc.want)
 		}
 	}
 }
