@@ -203,6 +203,13 @@ var All = []Mutant{
 		New:    "const maxWaitingRenewals = 1\n",
 	},
 	{
+		Name:   "detail-v2-as-v3",
+		Breaks: "a record's detail of version 2 read with version 3's digests: after an upgrade every 422 on an earlier record names the method, path and every part as differing",
+		File:   "fingerprint/detail.go",
+		Old:    "\tif st.seed[0] < detailVersion {\n",
+		New:    "\tif st.seed[0] < detailVersionV2 {\n",
+	},
+	{
 		Name:   "host-not-folded",
 		Breaks: "the scope's host taken as the client spelt it: Host LocalHost, LOCALHOST. or localhost:80 is a client of its own and the key runs again",
 		File:   "scope.go",
