@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -229,6 +230,34 @@ func BenchmarkPostgresNewKey(b *testing.B) {
 	table := pgtest.Table(b, dsn)
 	h := storeBenchHandler(b, map[string]any{"backend": "postgres", "dsn": dsn, "table": table, "max_conns": 8})
 	benchNewKeys(b, h, false)
+}
+
+// BenchmarkPostgresNewKeyParallel is BenchmarkPostgresNewKey from 32
+// goroutines at once, as make bench's 32 connections send them: the
+// reservations and records share batches and commits, and cpu-ns/op is
+// this process's CPU per new key (the handler, pgx, the batcher; not
+// PostgreSQL's).
+func BenchmarkPostgresNewKeyParallel(b *testing.B) {
+	dsn := pgtest.Require(b)
+	table := pgtest.Table(b, dsn)
+	h := storeBenchHandler(b, map[string]any{"backend": "postgres", "dsn": dsn, "table": table, "max_conns": 8})
+	body := benchJSON()
+	next := nopNext()
+	var n atomic.Int64
+	b.ReportAllocs()
+	defer cpuPerOp(b)()
+	b.SetBytes(int64(len(body)))
+	b.SetParallelism(16) // 32 on two cores
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			w := newBenchWriter()
+			key := "new-" + strconv.FormatInt(n.Add(1), 10)
+			if err := h.ServeHTTP(w, benchRequest(key, body, w), next); err != nil || w.status != http.StatusCreated {
+				b.Errorf("a new key: status %d, error %v", w.status, err)
+				return
+			}
+		}
+	})
 }
 
 // BenchmarkRequestSetup is the cost of building a request in the
