@@ -3,9 +3,13 @@ package postgres
 import (
 	"encoding/json"
 	"errors"
+	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddy-idempotency/caddy-idempotency/backend"
 	"github.com/caddy-idempotency/caddy-idempotency/backend/backendtest"
@@ -75,6 +79,50 @@ func TestPostgresProvisionErrors(t *testing.T) {
 			}
 			if err := h.Cleanup(); err != nil {
 				t.Fatalf("cleanup of the half-provisioned handler: %v", err)
+			}
+		})
+	}
+}
+
+// A service file's connect_timeout is read as the DSN's own: one that
+// overflows a duration (pgx multiplies its seconds, and it may wrap into
+// a range that looks right) is refused too, whichever way the DSN, or
+// the environment, names the service and its file.
+func TestPostgresServiceFileConnectTimeout(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "pg_service.conf")
+	conf := "[sane]\nhost=127.0.0.1\nport=1\nconnect_timeout=10\n\n[wrapped]\nhost=127.0.0.1\nport=1\nconnect_timeout=36028797018963978\n"
+	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, dsn string
+		env       map[string]string
+		refused   bool
+	}{
+		{"keyword/value", "service=wrapped servicefile=" + file, nil, true},
+		{"URL", "postgres:///test?service=wrapped&servicefile=" + url.QueryEscape(file), nil, true},
+		{"PGSERVICE and PGSERVICEFILE", "dbname=test", map[string]string{"PGSERVICE": "wrapped", "PGSERVICEFILE": file}, true},
+		{"the DSN's service over PGSERVICE", "service=sane", map[string]string{"PGSERVICE": "wrapped", "PGSERVICEFILE": file}, false},
+		{"a sane service", "service=sane servicefile=" + file, nil, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			ctx, _ := backendtest.CaddyContext(t)
+			p := &Storage{DSN: tt.dsn}
+			err := p.Provision(ctx)
+			defer p.Cleanup()
+			if tt.refused != (err != nil) {
+				t.Fatalf("provision: %v, want refused %v", err, tt.refused)
+			}
+			if err != nil && !strings.Contains(err.Error(), "dsn parameter connect_timeout must be from 0 to 3600 seconds") {
+				t.Fatalf("provision: %v, want the connect_timeout named", err)
+			}
+			if err == nil {
+				if got := p.Store().(*pgstore.Store).Pool().Config().ConnConfig.ConnectTimeout; got != 10*time.Second {
+					t.Fatalf("connect timeout %v, want the service's 10s", got)
+				}
 			}
 		})
 	}

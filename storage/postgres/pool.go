@@ -1,17 +1,20 @@
 package postgres
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgservicefile"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
@@ -239,14 +242,15 @@ var poolParams = []string{"pool_max_conns", "pool_min_conns", "pool_min_idle_con
 	"pool_max_conn_lifetime_jitter", "pool_max_conn_idle_time", "pool_health_check_period", "pool_ping_timeout"}
 
 // connectTimeoutValue finds the number of seconds connect_timeout is given
-// in a DSN, a URL's query or keyword/value pairs, and in PGCONNECT_TIMEOUT.
+// in a DSN, a URL's query or keyword/value pairs, in PGCONNECT_TIMEOUT,
+// and in a service file.
 var connectTimeoutValue = regexp.MustCompile(`connect_timeout\s*=\s*'?\s*\+?(\d+)`)
 
 // connectTimeoutOverflows reports whether a connect_timeout is more
 // seconds than MaxConnectTimeout: pgx multiplies them into a duration
 // that overflows, and may wrap into a range that looks right.
 func connectTimeoutOverflows(dsn string) bool {
-	texts := []string{dsn, "connect_timeout=" + os.Getenv("PGCONNECT_TIMEOUT")}
+	texts := []string{dsn, "connect_timeout=" + os.Getenv("PGCONNECT_TIMEOUT"), "connect_timeout=" + serviceConnectTimeout(dsn)}
 	if unescaped, err := url.QueryUnescape(dsn); err == nil {
 		texts = append(texts, unescaped)
 	}
@@ -258,6 +262,49 @@ func connectTimeoutOverflows(dsn string) bool {
 		}
 	}
 	return false
+}
+
+// serviceKeyword finds service and servicefile in a DSN of keyword/value
+// pairs.
+var serviceKeyword = regexp.MustCompile(`(?:^|\s)(service|servicefile)\s*=\s*'?([^'\s]*)`)
+
+// serviceConnectTimeout is the connect_timeout of the service the DSN
+// names (its service, else PGSERVICE) in its service file (servicefile,
+// else PGSERVICEFILE, else ~/.pg_service.conf), which pgx reads as it
+// reads the DSN's own; "" when there is none, or nothing to read (pgx's
+// ParseConfig then says why).
+func serviceConnectTimeout(dsn string) string {
+	service, file := os.Getenv("PGSERVICE"), os.Getenv("PGSERVICEFILE")
+	if file == "" {
+		if home, err := os.UserHomeDir(); err == nil {
+			file = filepath.Join(home, ".pg_service.conf")
+		}
+	}
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		service = cmp.Or(q.Get("service"), service)
+		file = cmp.Or(q.Get("servicefile"), file)
+	} else {
+		for _, m := range serviceKeyword.FindAllStringSubmatch(dsn, -1) {
+			if m[1] == "service" {
+				service = m[2]
+			} else {
+				file = m[2]
+			}
+		}
+	}
+	if service == "" || file == "" {
+		return ""
+	}
+	sf, err := pgservicefile.ReadServicefile(file)
+	if err != nil {
+		return ""
+	}
+	svc, err := sf.GetService(service)
+	if err != nil {
+		return ""
+	}
+	return svc.Settings["connect_timeout"]
 }
 
 // dsnParams are the parameters pgx reads from a DSN whose errors parseError
