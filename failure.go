@@ -5,7 +5,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -80,10 +83,25 @@ func failureOf(err error, panicked bool, rec *recorder, gets, conns int, repl *c
 		// tells the outcome.
 		return f
 	}
-	if s, ok := status.(int); ok && n == 0 {
+	if s, ok := status.(int); ok && n == 0 && !proxyFailed(err) {
 		f.upstreamStatus = s
 	}
 	return f
+}
+
+// proxyFailed reports whether err is reverse_proxy's own error (made by
+// its statusError: the last upstream it tried gave no answer it could
+// use) or a transport's: the status in the replacer is then an earlier
+// request's (a handle_response route's reverse_proxy that failed after
+// its own request went out, over a transport no trace sees, as
+// fastcgi's), and says nothing of the last one.
+func proxyFailed(err error) bool {
+	if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && strings.HasPrefix(he.Trace, "reverseproxy.") {
+		return true
+	}
+	var ne net.Error
+	var dial reverseproxy.DialError
+	return errors.As(err, &ne) || errors.As(err, &dial) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // The placeholders in which reverse_proxy leaves the status an upstream

@@ -104,3 +104,43 @@ func TestAFastCGIHandleResponseErrorAfterTheAppRanKeepsTheKey(t *testing.T) {
 	}
 	wantOutcomeUnknown(t, "the retry", resp, body, "")
 }
+
+// TestAFastCGIFallbackAfterAnUpstreams503KeepsTheKey is a review finding:
+// the primary (HTTP, traced) answers 503, in release_on; a handle_response
+// route sends the request on to a FastCGI application, which runs it past
+// read_timeout. The fastcgi transport dials without httptrace, so one
+// connection was seen, the retries placeholder is the fallback's 0 and
+// the status placeholder still the primary's 503: the 503 was taken for
+// the only request's answer, release_on freed the key, and the retry ran
+// the application again. The fallback's own failure (reverse_proxy's
+// error) now says the status is not the last request's.
+func TestAFastCGIFallbackAfterAnUpstreams503KeepsTheKey(t *testing.T) {
+	primary := modelUpstream(t)
+	app, runs := fcgiUpstream(t, time.Second)
+	base := loadCaddyfile(t, freePort(t), `
+	idempotency {
+		`+memoryStorage()+`
+	}
+	reverse_proxy `+primary.Addr+` {
+		@down status 503
+		handle_response @down {
+			reverse_proxy `+app+` {
+				transport fastcgi {
+					read_timeout 300ms
+				}
+			}
+		}
+	}`)
+	pay := attempt{key: "pay-fcgi-fallback", do: "s=503"}
+	resp, _, errText := pay.send(t, base)
+	if statusOf(resp) != http.StatusGatewayTimeout {
+		t.Fatalf("the fallback past its read_timeout: %d (%s), want 504", statusOf(resp), errText)
+	}
+	time.Sleep(1200 * time.Millisecond) // the application ends its run
+	resp, _, body := pay.send(t, base)
+	time.Sleep(1200 * time.Millisecond) // a retry that ran would have reached it
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the application ran %d times for one key, want 1", n)
+	}
+	wantOutcomeUnknown(t, "the retry", resp, body, "")
+}

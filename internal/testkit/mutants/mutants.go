@@ -182,6 +182,13 @@ var All = []Mutant{
 		New:    "\tif conns > 1 {\n",
 	},
 	{
+		Name:   "proxy-failure-status-frees",
+		Breaks: "an earlier upstream's status frees the key though reverse_proxy failed after it: a handle_response route's fastcgi fallback that timed out after the primary's 503 is freed, and the retry runs the application again",
+		File:   "failure.go",
+		Old:    "ok && n == 0 && !proxyFailed(err) {\n",
+		New:    "ok && n == 0 {\n",
+	},
+	{
 		Name:   "untraced-attempt-unsent",
 		Breaks: "an attempt no trace saw (fastcgi's transport dials on its own) counts as never sent: a last retry's dial error frees the key and the application runs again",
 		File:   "failure.go",
