@@ -313,45 +313,131 @@ func TestAnOutsideLockNeverOpensAGapForATakeover(t *testing.T) {
 // went another instance's reserve took the key over while the owner's
 // request still ran. It gets a waiting renewal of its own now.
 func TestASecondOutsideLockNeverOpensAGapForATakeover(t *testing.T) {
+	l := newTwoLeases(t, "gap2")
+	l.hold(l.first)
+	defer l.renewBoth()()
+	l.waitForTheWaitingRenewal()
+	release, _ := l.hold(l.second)
+	time.Sleep(4 * l.lease)
+	left := l.leaseLeft(l.second)
+	release()
+	l.noTakeover(l.second, left)
+}
+
+// TestALeaseNeverWaitsBehindAnotherLockedRow is a second review's
+// finding: the rows of two leases of one owner are locked from outside
+// at the same tick, and one waiting renewal took both, in key order. The
+// lock on the first stayed, the one on the second went at once; the
+// renewal, queued on the first row, never reached the second, whose
+// lease every tick left to that renewal: it lapsed with its row free,
+// and another instance took the key over while its request ran. Each
+// lease waits on its own row now.
+func TestALeaseNeverWaitsBehindAnotherLockedRow(t *testing.T) {
+	l := newTwoLeases(t, "gap3")
+	l.hold(l.first)
+	releaseSecond, _ := l.hold(l.second)
+	defer l.renewBoth()()
+	l.waitForTheWaitingRenewal()
+	releaseSecond()
+	time.Sleep(4 * l.lease)
+	l.noTakeover(l.second, l.leaseLeft(l.second))
+}
+
+// TestAWaitingRenewalNeverHoldsAnotherLeasesRow is the same review's
+// other finding: the waiting renewal of two locked rows locked the first
+// once its outside lock went, then waited on the second, whose lock
+// stayed, in the same transaction: the first request's completion was
+// refused as busy for as long as the other row's lock lasted.
+func TestAWaitingRenewalNeverHoldsAnotherLeasesRow(t *testing.T) {
+	l := newTwoLeases(t, "gap4")
+	releaseFirst, _ := l.hold(l.first)
+	l.hold(l.second)
+	defer l.renewBoth()()
+	l.waitForTheWaitingRenewal()
+	releaseFirst()
+	time.Sleep(l.lease)
+	// The first lease's request ends: its completion lands within a few
+	// tries (one may meet the renewal that just locked the row).
+	var err error
+	for range 5 {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		err = l.owner.Complete(ctx, l.first, l.tokens[0], &storage.Response{Status: 201}, time.Hour)
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(l.lease)
+	}
+	t.Fatalf("the first lease's completion never landed while the second's row was locked from outside: %v", err)
+}
+
+// twoLeases are two leases of one owner store, for the outside-lock tests.
+type twoLeases struct {
+	t             *testing.T
+	dsn, table    string
+	owner, other  *postgres.Store
+	first, second storage.Key
+	tokens        [2]storage.Token
+	lease         time.Duration
+	probe         *pgx.Conn
+}
+
+func newTwoLeases(t *testing.T, scope string) *twoLeases {
 	dsn := pgtest.Require(t)
 	table := pgtest.Table(t, dsn)
-	owner := newStore(t, postgres.Options{Table: table})
-	other := newStore(t, postgres.Options{Table: table})
-	ctx := t.Context()
-	first, second := storage.Key{Scope: "gap2", ID: "a"}, storage.Key{Scope: "gap2", ID: "b"}
-	const lease = 400 * time.Millisecond
-	var tokens [2]storage.Token
-	for i, k := range []storage.Key{first, second} {
-		res, err := owner.Reserve(ctx, k, fpA, lease)
+	l := &twoLeases{t: t, dsn: dsn, table: table, lease: 400 * time.Millisecond,
+		owner: newStore(t, postgres.Options{Table: table}), other: newStore(t, postgres.Options{Table: table}),
+		first: storage.Key{Scope: scope, ID: "a"}, second: storage.Key{Scope: scope, ID: "b"}}
+	for i, k := range []storage.Key{l.first, l.second} {
+		res, err := l.owner.Reserve(t.Context(), k, fpA, l.lease)
 		if err != nil || res.Outcome != storage.Acquired {
 			t.Fatalf("reserve %v: %+v, %v", k, res, err)
 		}
-		tokens[i] = res.Token
+		l.tokens[i] = res.Token
 	}
-	holdRow(t, dsn, owner, first)
-
-	// The owner's renewer, both leases in one batch per tick.
-	defer renewEvery(owner, lease/3, func() []storage.Renewal {
-		return []storage.Renewal{{Key: first, Token: tokens[0], Lease: lease}, {Key: second, Token: tokens[1], Lease: lease}}
-	})()
-
-	probe, err := pgx.Connect(ctx, dsn)
+	probe, err := pgx.Connect(t.Context(), dsn)
 	ok(t, err)
-	defer probe.Close(context.Background())
-	testutil.Eventually(t, 10*time.Second, "the owner's renewal to wait on the first held row", func() bool {
+	t.Cleanup(func() { probe.Close(context.Background()) })
+	l.probe = probe
+	return l
+}
+
+// hold locks key's row from an outside transaction (holdRow).
+func (l *twoLeases) hold(key storage.Key) (release func(), still func() bool) {
+	return holdRow(l.t, l.dsn, l.owner, key)
+}
+
+// renewBoth renews both leases in one batch per tick, as the owner's
+// renewer does, until the function it returns is called.
+func (l *twoLeases) renewBoth() (stop func()) {
+	return renewEvery(l.owner, l.lease/3, func() []storage.Renewal {
+		return []storage.Renewal{{Key: l.first, Token: l.tokens[0], Lease: l.lease}, {Key: l.second, Token: l.tokens[1], Lease: l.lease}}
+	})
+}
+
+// waitForTheWaitingRenewal waits until a renewal of the owner waits on a
+// held row.
+func (l *twoLeases) waitForTheWaitingRenewal() {
+	testutil.Eventually(l.t, 10*time.Second, "the owner's renewal to wait on a held row", func() bool {
 		var n int
-		ok(t, probe.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%'||$1||'%'`, table).Scan(&n))
+		ok(l.t, l.probe.QueryRow(l.t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%'||$1||'%'`, l.table).Scan(&n))
 		return n > 0
 	})
-	release, _ := holdRow(t, dsn, owner, second)
-	time.Sleep(4 * lease)
+}
+
+// leaseLeft is how long key's lease has left.
+func (l *twoLeases) leaseLeft(key storage.Key) time.Duration {
 	var left time.Duration
-	ok(t, probe.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - clock_timestamp())*1e9 FROM `+table+` WHERE scope = $1 AND key = $2`, second.Scope, second.ID).Scan(&left))
-	release()
-	got, err := other.Reserve(ctx, second, fpA, lease)
-	t.Logf("second's lease left under the lock: %v; the reserve: %+v %v", left, got.Outcome, err)
+	ok(l.t, l.probe.QueryRow(l.t.Context(), `SELECT extract(epoch FROM expires_at - clock_timestamp())*1e9 FROM `+l.table+` WHERE scope = $1 AND key = $2`, key.Scope, key.ID).Scan(&left))
+	return left
+}
+
+// noTakeover fails the test if the other instance can take key over.
+func (l *twoLeases) noTakeover(key storage.Key, left time.Duration) {
+	got, err := l.other.Reserve(l.t.Context(), key, fpA, l.lease)
+	l.t.Logf("%v's lease left: %v; the other instance's reserve: %+v %v", key, left, got.Outcome, err)
 	if err == nil && got.Outcome == storage.Acquired {
-		t.Fatal("the other instance took the running request's second key over once its outside lock went")
+		l.t.Fatalf("the other instance took the running request's key %v over", key)
 	}
 }
 
