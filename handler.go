@@ -217,9 +217,6 @@ func (x *exchange) execute(token storage.Token) error {
 	x.trace.GetConn = func(string) { x.gets.Add(1) }
 	x.trace.GotConn = func(httptrace.GotConnInfo) { x.conns.Add(1) }
 	r = r.WithContext(httptrace.WithClientTrace(ctx, &x.trace))
-	if r.ContentLength == 0 {
-		r.Header = unreplayable(r.Header)
-	}
 	// reverse_proxy's status and retries in the replacer are the next
 	// handler's only if none were there before (a forward_auth ahead of
 	// this handler leaves its own): cleared now, the outer ones are put
@@ -269,36 +266,6 @@ func (x *exchange) execute(token storage.Token) error {
 		panic(http.ErrAbortHandler)
 	}
 	return err
-}
-
-// unreplayable returns header with its Idempotency-Key and
-// X-Idempotency-Key under lower-case names, in a copy, when it has either.
-// Go's transport takes a request without a body that has one of them for
-// a request it may send again (Request.isReplayable, golang/go#19943), and
-// reverse_proxy gives a request of no body a nil Body for that very retry:
-// when a kept-alive connection closes after the request went out and
-// before any answer (an upstream that acted, then crashed), the transport
-// sends it again on a new connection, inside what reverse_proxy sees as
-// one attempt, and the upstream runs twice. The names are the same on the
-// wire: HTTP's are case-insensitive, and HTTP/2 and HTTP/3 send them in
-// lower case. The request's placeholders read the client's request, whose
-// header is unchanged.
-func unreplayable(header http.Header) http.Header {
-	_, key := header["Idempotency-Key"]
-	_, xKey := header["X-Idempotency-Key"]
-	if !key && !xKey {
-		return header
-	}
-	header = header.Clone()
-	if v, ok := header["Idempotency-Key"]; ok {
-		delete(header, "Idempotency-Key")
-		header["idempotency-key"] = v
-	}
-	if v, ok := header["X-Idempotency-Key"]; ok {
-		delete(header, "X-Idempotency-Key")
-		header["x-idempotency-key"] = v
-	}
-	return header
 }
 
 // warnNothingAfter says, once per handler, that nothing after it in its

@@ -1,10 +1,13 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,43 +129,44 @@ func (s *Store) RenewBatch(ctx context.Context, batch []storage.Renewal) error {
 // renewChunk is how many leases one renewal transaction renews at most.
 const renewChunk = 500
 
-// renewLocked renews the leases whose rows were locked, each in a waiting
-// renewal of its own, and waits for them for the lock wait at most; the
-// leases not renewed by then have an Err wrapping storage.ErrBusy. One
-// waiting renewal per lease, because one statement for several would
-// take their rows in turn: a lease queued behind a row that stays locked
-// would lapse, its own row free, and be taken over while its request
-// runs; and a row it had locked already would stay locked behind the
-// other, its request's completion refused as busy. A waiting renewal goes
-// on while a RenewBatch still asks for its lease within each of its
-// lengths (the owner's request still runs), until the store closes. Up
-// to maxWaitingRenewals run at a time, each on its own connection; beyond
-// that a lease is busy at once (the next tick tries again).
+// renewLocked renews the leases whose rows were locked in a waiting
+// renewal, and waits for it for the lock wait at most; the leases it has
+// not renewed by then have an Err wrapping storage.ErrBusy. The waiting
+// renewal goes on while a RenewBatch still asks for one of its leases
+// within each of their lengths (the owner's request still runs), until
+// the store closes. Up to maxWaitingRenewals run at a time, each on its
+// own connection (rows locked at different ticks, by different
+// transactions); beyond that the leases are busy at once (the next tick
+// tries again).
 func (s *Store) renewLocked(locked []*storage.Renewal) {
-	var wg sync.WaitGroup
-	for _, r := range locked {
-		wg.Go(func() { s.renewOneLocked(r) })
-	}
-	wg.Wait()
-}
-
-// renewOneLocked is renewLocked for one lease.
-func (s *Store) renewOneLocked(r *storage.Renewal) {
-	busy := func() {
-		r.Err = fmt.Errorf("postgres renew batch: %w: the lease was not renewed this time", storage.ErrBusy)
+	busy := func(rs []*storage.Renewal) {
+		for _, r := range rs {
+			r.Err = fmt.Errorf("postgres renew batch: %w: the lease was not renewed this time", storage.ErrBusy)
+		}
 	}
 	if n := s.waitingRenewals.Add(1); n > maxWaitingRenewals {
 		s.waitingRenewals.Add(-1)
-		busy()
+		busy(locked)
 		return
 	}
-	// The waiting renewal works on a copy, which it owns: the caller's
-	// renewal is the caller's again once this call returns.
-	own := &storage.Renewal{Key: r.Key, Token: r.Token, Lease: r.Lease}
-	ptrs := []*storage.Renewal{own}
+	// The waiting renewal works on copies, which it owns: the caller's
+	// batch is the caller's again once this call returns.
+	own := make([]storage.Renewal, len(locked))
+	ptrs := make([]*storage.Renewal, len(locked))
+	shortest := locked[0].Lease
+	for i, r := range locked {
+		own[i] = storage.Renewal{Key: r.Key, Token: r.Token, Lease: r.Lease}
+		ptrs[i] = &own[i]
+		shortest = min(shortest, r.Lease)
+	}
+	answer := slices.Clone(ptrs) // in the caller's order
+	// In key order, as every batch takes its rows.
+	slices.SortFunc(ptrs, func(x, y *storage.Renewal) int {
+		return cmp.Or(strings.Compare(x.Key.Scope, y.Key.Scope), strings.Compare(x.Key.ID, y.Key.ID))
+	})
 	s.renewing.hold(ptrs)
 	done := make(chan error, 1)
-	// This call asks for the lease while it waits: the caller's next
+	// This call asks for the leases while it waits: the caller's next
 	// tick comes after it.
 	var calling atomic.Bool
 	calling.Store(true)
@@ -172,11 +176,11 @@ func (s *Store) renewOneLocked(r *storage.Renewal) {
 		defer s.renewing.let(ptrs)
 		// Close ends it (a renewal pool with a connection out would
 		// keep Close waiting), and so does a lease length in which no
-		// RenewBatch asked for its lease.
+		// RenewBatch asked for any of its leases.
 		ctx, cancel := context.WithCancel(s.life)
 		defer cancel()
 		go func() {
-			tick := time.NewTicker(own.Lease)
+			tick := time.NewTicker(shortest)
 			defer tick.Stop()
 			for {
 				select {
@@ -196,12 +200,14 @@ func (s *Store) renewOneLocked(r *storage.Renewal) {
 	defer timer.Stop()
 	select {
 	case err := <-done:
-		r.Err = own.Err
-		if err != nil {
-			r.Err = fmt.Errorf("postgres renew batch: %w: the lease's row stayed locked: %w", storage.ErrBusy, err)
+		for i, r := range locked {
+			r.Err = answer[i].Err
+			if err != nil {
+				r.Err = fmt.Errorf("postgres renew batch: %w: the lease's row stayed locked: %w", storage.ErrBusy, err)
+			}
 		}
 	case <-timer.C:
-		busy()
+		busy(locked)
 	}
 }
 

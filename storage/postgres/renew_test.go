@@ -324,53 +324,6 @@ func TestASecondOutsideLockNeverOpensAGapForATakeover(t *testing.T) {
 	l.noTakeover(l.second, left)
 }
 
-// TestALeaseNeverWaitsBehindAnotherLockedRow is a second review's
-// finding: the rows of two leases of one owner are locked from outside
-// at the same tick, and one waiting renewal took both, in key order. The
-// lock on the first stayed, the one on the second went at once; the
-// renewal, queued on the first row, never reached the second, whose
-// lease every tick left to that renewal: it lapsed with its row free,
-// and another instance took the key over while its request ran. Each
-// lease waits on its own row now.
-func TestALeaseNeverWaitsBehindAnotherLockedRow(t *testing.T) {
-	l := newTwoLeases(t, "gap3")
-	l.hold(l.first)
-	releaseSecond, _ := l.hold(l.second)
-	defer l.renewBoth()()
-	l.waitForTheWaitingRenewal()
-	releaseSecond()
-	time.Sleep(4 * l.lease)
-	l.noTakeover(l.second, l.leaseLeft(l.second))
-}
-
-// TestAWaitingRenewalNeverHoldsAnotherLeasesRow is the same review's
-// other finding: the waiting renewal of two locked rows locked the first
-// once its outside lock went, then waited on the second, whose lock
-// stayed, in the same transaction: the first request's completion was
-// refused as busy for as long as the other row's lock lasted.
-func TestAWaitingRenewalNeverHoldsAnotherLeasesRow(t *testing.T) {
-	l := newTwoLeases(t, "gap4")
-	releaseFirst, _ := l.hold(l.first)
-	l.hold(l.second)
-	defer l.renewBoth()()
-	l.waitForTheWaitingRenewal()
-	releaseFirst()
-	time.Sleep(l.lease)
-	// The first lease's request ends: its completion lands within a few
-	// tries (one may meet the renewal that just locked the row).
-	var err error
-	for range 5 {
-		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
-		err = l.owner.Complete(ctx, l.first, l.tokens[0], &storage.Response{Status: 201}, time.Hour)
-		cancel()
-		if err == nil {
-			return
-		}
-		time.Sleep(l.lease)
-	}
-	t.Fatalf("the first lease's completion never landed while the second's row was locked from outside: %v", err)
-}
-
 // twoLeases are two leases of one owner store, for the outside-lock tests.
 type twoLeases struct {
 	t             *testing.T

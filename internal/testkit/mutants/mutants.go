@@ -217,13 +217,6 @@ var All = []Mutant{
 		New:    "\tif st.seed[0] < detailVersionV2 {\n",
 	},
 	{
-		Name:   "bodyless-key-resendable",
-		Breaks: "a keyed request without a body reaches Go's transport with its Idempotency-Key: an upstream that acted and then closed a kept-alive connection gets it again within one attempt, and runs twice",
-		File:   "handler.go",
-		Old:    "\tif r.ContentLength == 0 {\n\t\tr.Header = unreplayable(r.Header)\n",
-		New:    "\tif false {\n\t\tr.Header = unreplayable(r.Header)\n",
-	},
-	{
 		Name:   "host-not-folded",
 		Breaks: "the scope's host taken as the client spelt it: Host LocalHost, LOCALHOST. or localhost:80 is a client of its own and the key runs again",
 		File:   "scope.go",
