@@ -49,6 +49,13 @@ func (s *Store) GetByHash(ctx context.Context, hash string, withBody bool) ([]*s
 
 // DeleteByHash implements storage.HashFinder, with GetByHash's scan.
 func (s *Store) DeleteByHash(ctx context.Context, hash string) (int, error) {
+	return s.deleteHashed(ctx, hash, s.sql.deleteByHash)
+}
+
+// deleteHashed runs sql, a DELETE of the rows whose key hash starts with
+// its $1, for hash (a malformed one names no row) in a scan's
+// transaction, and returns how many rows went.
+func (s *Store) deleteHashed(ctx context.Context, hash, sql string) (int, error) {
 	prefix, err := hex.DecodeString(hash)
 	if err != nil || len(prefix) != storage.HashLen/2 || hex.EncodeToString(prefix) != hash {
 		return 0, nil
@@ -60,7 +67,7 @@ func (s *Store) DeleteByHash(ctx context.Context, hash string) (int, error) {
 	}
 	var n int64
 	err = s.scan(ctx, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, s.sql.deleteByHash, prefix)
+		tag, err := tx.Exec(ctx, sql, prefix)
 		n = tag.RowsAffected()
 		return err
 	})
@@ -201,23 +208,5 @@ func (s *Store) ListOutcomeUnknown(ctx context.Context, after string, limit int)
 // GetByHash's scan: one DELETE whose condition holds on the rows it
 // locks.
 func (s *Store) ReleaseOutcomeUnknown(ctx context.Context, hash string) (int, error) {
-	prefix, err := hex.DecodeString(hash)
-	if err != nil || len(prefix) != storage.HashLen/2 || hex.EncodeToString(prefix) != hash {
-		return 0, nil
-	}
-	ctx, cancel := s.scanContext(ctx)
-	defer cancel()
-	if err := s.ensureSchema(ctx); err != nil {
-		return 0, s.fail(ctx, "delete", err)
-	}
-	var n int64
-	err = s.scan(ctx, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, s.sql.releaseOutcomeUnknown, prefix)
-		n = tag.RowsAffected()
-		return err
-	})
-	if err != nil {
-		return 0, s.fail(ctx, "delete", err)
-	}
-	return int(n), nil
+	return s.deleteHashed(ctx, hash, s.sql.releaseOutcomeUnknown)
 }
